@@ -1,0 +1,38 @@
+"""Exceptions and warnings raised by asd.
+
+This module imports neither torch nor numba, so every subpackage may use it.
+"""
+
+from __future__ import annotations
+
+
+class AsdError(Exception):
+    """Base class of asd's errors."""
+
+
+class TracingError(AsdError):
+    """Sparsity tracing cannot continue (value-dependent control flow, data-dependent shapes, ...)."""
+
+
+class UnsupportedOpError(TracingError):
+    """An operator without a propagation rule was met under ``strict=True``."""
+
+
+class ColoringError(AsdError):
+    """A coloring is invalid for its problem, or a coloring request is malformed."""
+
+
+class DecompressionError(AsdError):
+    """Compressed products cannot be decompressed with the given plan."""
+
+
+class InputError(AsdError, ValueError):
+    """Bad user input: wrong dtype, shape, device, or an unusable function output."""
+
+
+class UnsupportedOpWarning(UserWarning):
+    """An operator was traced with the conservative fallback rule (sound but dense)."""
+
+
+class ConvergenceWarning(UserWarning):
+    """An iterative solver stopped before reaching its tolerance."""

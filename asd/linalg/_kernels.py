@@ -1,0 +1,122 @@
+"""Kernel dispatch: Numba on CPU (compiled lazily on first use), plain torch elsewhere.
+
+These functions are not differentiable themselves; the autograd Functions in ``products`` and
+``triangular`` call them and express their backward passes through those same Functions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asd.errors import InputError
+
+_nk = None
+
+
+def _numba():
+    """The Numba kernel module, or ``False`` when Numba is unavailable."""
+    global _nk
+    if _nk is None:
+        try:
+            from asd.linalg import _numba_kernels as mod
+            _nk = mod
+        except ImportError:  # pragma: no cover - numba is a core dependency
+            _nk = False
+    return _nk
+
+
+def _use_numba(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) and bool(_numba())
+
+
+def spmm(P, vals: torch.Tensor, X: torch.Tensor, trans: bool = False) -> torch.Tensor:
+    """``A @ X`` (or ``A^T @ X``) for flat values ``vals`` of pattern ``P``; ``X`` is ``(rows, k)``."""
+    vals = vals.detach()
+    X = X.detach()
+    out_rows = P.n_cols if trans else P.n_rows
+    k = X.shape[1]
+    if _use_numba(X):
+        nk = _numba()
+        Y = torch.empty((out_rows, k), dtype=X.dtype)
+        v = vals.contiguous().numpy()
+        if k == 1:
+            x = X.reshape(-1).contiguous().numpy()
+            (nk.spmv_t if trans else nk.spmv)(P.np("ucrow"), P.np("ucol"), v, x, Y.numpy().reshape(-1))
+        else:
+            (nk.spmm_t if trans else nk.spmm)(P.np("ucrow"), P.np("ucol"), v, X.contiguous().numpy(),
+                                              Y.numpy())
+        return Y
+    src, dst = (P.col, P.row) if not trans else (P.row, P.col)
+    Y = torch.zeros((out_rows, k), dtype=X.dtype, device=X.device)
+    return Y.index_add_(0, dst, vals.unsqueeze(1) * X[src])
+
+
+def sddmm(P, U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """Sampled product: ``out[p] = U[row_p, :] . V[col_p, :]`` for every stored entry ``p``."""
+    U = U.detach()
+    V = V.detach()
+    if _use_numba(U):
+        nk = _numba()
+        out = torch.empty(P.nnz, dtype=U.dtype)
+        if U.shape[1] == 1:
+            nk.sddmm_vec(P.np("ucrow"), P.np("ucol"), U.reshape(-1).contiguous().numpy(),
+                         V.reshape(-1).contiguous().numpy(), out.numpy())
+        else:
+            nk.sddmm(P.np("ucrow"), P.np("ucol"), U.contiguous().numpy(), V.contiguous().numpy(),
+                     out.numpy())
+        return out
+    return (U[P.row] * V[P.col]).sum(-1)
+
+
+def trsv(P, vals: torch.Tensor, Bm: torch.Tensor, lower: bool, trans: bool, unit: bool) -> torch.Tensor:
+    """Solve ``op(T) X = B`` for the triangular matrix of pattern ``P``; ``B`` is ``(n, k)``.
+
+    On CPU a Numba substitution sweep; on other devices the sweep runs on the host (the
+    structure is inherently sequential; a level-scheduled device kernel is future work).
+    """
+    dev = Bm.device
+    X = Bm.detach().to("cpu", copy=True).contiguous()
+    v = vals.detach().to("cpu").contiguous()
+    nk = _numba()
+    if nk and X.dtype in (torch.float32, torch.float64):
+        bad = nk.trsv(P.np("crow"), P.np("col"), v.numpy(), X.numpy(), lower, trans, unit)
+    else:  # pragma: no cover - slow reference path
+        bad = _trsv_py(P, v, X, lower, trans, unit)
+    if bad >= 0:
+        raise InputError(f"the triangular matrix is singular: zero or missing diagonal entry in row "
+                         f"{bad % P.n}" + (f" of batch item {bad // P.n}" if P.batch else ""))
+    return X.to(dev)
+
+
+def _trsv_py(P, v, X, lower, trans, unit):  # pragma: no cover
+    crow, col = P.np("crow"), P.np("col")
+    vv, XX = v.numpy(), X.numpy()
+    n = len(crow) - 1
+    order = range(n) if (lower != trans) else range(n - 1, -1, -1)
+    for i in order:
+        d = 1.0
+        for p in range(crow[i], crow[i + 1]):
+            if col[p] == i and not unit:
+                d = vv[p]
+        if d == 0:
+            return i
+        if not trans:
+            for p in range(crow[i], crow[i + 1]):
+                if col[p] != i:
+                    XX[i] -= vv[p] * XX[col[p]]
+            XX[i] /= d
+        else:
+            XX[i] /= d
+            for p in range(crow[i], crow[i + 1]):
+                if col[p] != i:
+                    XX[col[p]] -= vv[p] * XX[i]
+    return -1
+
+
+def product_pattern(PA, PB):
+    """Symbolic product of two patterns: (crow, col, ka, kb, kc) as int64 CPU tensors."""
+    import numpy as np
+    nk = _numba()
+    out = nk.product_triples(PA.np("crow"), PA.np("col"), PB.np("crow"), PB.np("col"),
+                             np.int64(PB.n_cols))
+    return tuple(torch.from_numpy(a) for a in out)

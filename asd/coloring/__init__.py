@@ -1,0 +1,100 @@
+"""Graph coloring for sparse AD: partial distance-2 (column/row), star, acyclic and
+bidirectional (star bicoloring) colorings, each returning its decompression plan.
+
+``import asd.coloring`` imports neither torch nor numba: the ``@njit`` kernels live in private
+modules that the wrappers import on first use (compiled once, cached on disk).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asd.coloring.check import check
+from asd.coloring.orders import BEST_ORDERS, ORDERS, check_order
+from asd.coloring.result import Coloring, DecompressionPlan
+from asd.errors import ColoringError
+
+PROBLEMS = ("column", "row", "star", "acyclic", "bidirectional")
+
+__all__ = ["color", "check", "Coloring", "DecompressionPlan", "ORDERS", "PROBLEMS"]
+
+#: extra seeded random orders tried by ``order="best"``
+BEST_RANDOM_TRIES = 3
+
+
+def _color_one(ptr, idx, shape, problem, order, seed, postprocess):
+    if problem in ("column", "row"):
+        from asd.coloring.greedy import color_partial
+
+        return color_partial(ptr, idx, shape, problem, order, seed)
+    if problem == "star":
+        from asd.coloring.star import color_star
+
+        return color_star(ptr, idx, shape, order, seed, postprocess)
+    if problem == "acyclic":
+        from asd.coloring.acyclic import color_acyclic
+
+        return color_acyclic(ptr, idx, shape, order, seed)
+    from asd.coloring.bidirectional import color_bidirectional
+
+    return color_bidirectional(ptr, idx, shape, order, seed, postprocess)
+
+
+def color(pattern, problem: str = "column", order: str = "natural", *, seed: int = 0,
+          postprocess: bool = False) -> Coloring:
+    """Color a sparsity pattern for compressed AD.
+
+    Parameters
+    ----------
+    pattern
+        Anything ``scipy.sparse`` can turn into a matrix (sparse array/matrix, dense numpy
+        bool/numeric array).  Every stored entry - explicit zeros included - is structural;
+        duplicates are merged.
+    problem
+        ``"column"`` (JVPs), ``"row"`` (VJPs), ``"star"`` (symmetric, direct Hessian
+        recovery), ``"acyclic"`` (symmetric, substitution), ``"bidirectional"`` (JVPs + VJPs,
+        star bicoloring with neutral colors).  Symmetric problems need a square pattern and
+        use the structure of ``A + A^T`` (the pattern is symmetrized silently).
+    order
+        One of :data:`ORDERS`, or ``"best"``: try the deterministic orders and
+        ``BEST_RANDOM_TRIES`` seeded random orders and keep the fewest colors (first wins
+        ties; the result's ``order`` names the winner).
+    seed
+        Seed of the ``"random"`` order.
+    postprocess
+        For ``star`` and ``bidirectional``: choose the recovery direction of ambiguous
+        entries so as to need as few colors as possible and make the rest neutral
+        (``-1``, not seeded); ``ncolors`` counts only the seeded colors.  A no-op for the
+        other problems.
+
+    Returns
+    -------
+    Coloring
+        Frozen result carrying its :class:`DecompressionPlan`.  The same input, order and
+        seed always give the same coloring.
+    """
+    if not isinstance(problem, str) or problem not in PROBLEMS:
+        raise ColoringError(
+            f"unknown coloring problem {problem!r}; choose one of {', '.join(repr(p) for p in PROBLEMS)}"
+        )
+    check_order(order)
+    from asd.coloring.graphs import canonical_csr, symmetrize
+
+    ptr, idx, shape = canonical_csr(pattern)
+    if problem in ("star", "acyclic"):
+        if shape[0] != shape[1]:
+            raise ColoringError(
+                f"problem={problem!r} colors a symmetric (Hessian) pattern and needs a square "
+                f"matrix, got shape {shape}; use problem='column', 'row' or 'bidirectional' for Jacobians"
+            )
+        ptr, idx = symmetrize(ptr, idx, shape)
+    seed = int(seed)
+    if order != "best":
+        return _color_one(ptr, idx, shape, problem, order, seed, postprocess)
+    best = None
+    tries = [(o, seed) for o in BEST_ORDERS] + [("random", seed + k) for k in range(BEST_RANDOM_TRIES)]
+    for o, s in tries:
+        res = _color_one(ptr, idx, shape, problem, o, s, postprocess)
+        if best is None or res.ncolors < best.ncolors:
+            best = res
+    return best

@@ -1,0 +1,112 @@
+"""Basic coloring tests: column / row partial distance-2, orders, check, errors, import contract."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import asd.coloring as C
+from asd.coloring.check import structurally_orthogonal_columns
+from asd.errors import ColoringError
+
+
+def _rand(m, n, density, seed):
+    return sp.random(m, n, density=density, random_state=seed, format="csr")
+
+
+def test_exports():
+    for name in ("color", "check", "Coloring", "DecompressionPlan", "ORDERS", "PROBLEMS"):
+        assert hasattr(C, name)
+    assert set(C.PROBLEMS) == {"column", "row", "star", "acyclic", "bidirectional"}
+    assert "dynamic_largest_first" in C.ORDERS and "random" in C.ORDERS
+
+
+def test_import_contract_no_numba_no_torch():
+    code = "import sys, asd.coloring; assert 'numba' not in sys.modules; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("problem", ["column", "row"])
+@pytest.mark.parametrize("order", C.ORDERS)
+def test_partial_d2_random(problem, order):
+    for seed in range(3):
+        A = _rand(30 + seed * 7, 25 + seed * 5, 0.12, seed)
+        res = C.color(A, problem, order, seed=seed)
+        assert C.check(A, res)
+        assert res.problem == problem and res.order == order
+        assert res.colors.dtype == np.int64
+        pat = A if problem == "column" else A.T
+        assert structurally_orthogonal_columns(pat, res.colors)
+        # decompression from a numpy compressed product
+        vals = np.random.default_rng(seed).standard_normal(res.nnz)
+        J = res.to_scipy(vals).toarray()
+        S = res.seeds()
+        B = (J @ S).T if problem == "column" else (J.T @ S).T
+        assert B.shape == res.plan.compressed_shape
+        np.testing.assert_array_equal(res.decompress(B), vals)
+        np.testing.assert_array_equal(B.reshape(-1)[res.plan.gather], vals)
+
+
+def test_dense_bool_explicit_zeros_and_duplicates():
+    D = np.eye(4, dtype=bool)
+    D[0, :] = True
+    r = C.color(D, "column")
+    assert r.ncolors == 4
+    # explicit stored zeros are structural
+    A = sp.csr_array((np.array([0.0, 1.0]), np.array([0, 1]), np.array([0, 2, 2])), shape=(2, 2))
+    r = C.color(A, "column")
+    assert r.nnz == 2 and r.ncolors == 2
+    # duplicates merged
+    coo = sp.coo_array((np.ones(3), (np.array([0, 0, 1]), np.array([1, 1, 0]))), shape=(2, 2))
+    r = C.color(coo, "column")
+    assert r.nnz == 2 and r.ncolors == 1
+
+
+def test_deterministic():
+    A = _rand(60, 50, 0.08, 3)
+    for order in C.ORDERS:
+        a = C.color(A, "column", order, seed=5)
+        b = C.color(A, "column", order, seed=5)
+        np.testing.assert_array_equal(a.colors, b.colors)
+
+
+def test_best_not_worse():
+    A = _rand(80, 60, 0.06, 1)
+    best = C.color(A, "column", "best")
+    for order in C.ORDERS:
+        assert best.ncolors <= C.color(A, "column", order).ncolors or order == "random"
+    C.check(A, best)
+
+
+def test_errors():
+    with pytest.raises(ColoringError, match="unknown coloring problem"):
+        C.color(np.eye(3), "bogus")
+    with pytest.raises(ColoringError, match="unknown order"):
+        C.color(np.eye(3), "column", "nope")
+    with pytest.raises(ColoringError, match="2-D"):
+        C.color(np.ones(3), "column")
+    with pytest.raises(ColoringError, match="square"):
+        C.color(np.ones((2, 3)), "star")
+
+
+def test_check_rejects_bad_coloring():
+    A = np.array([[1, 1], [0, 1]], dtype=bool)
+    r = C.color(A, "column")
+    import dataclasses
+
+    bad = dataclasses.replace(r, colors=np.zeros(2, dtype=np.int64), ncolors=1)
+    with pytest.raises(ColoringError):
+        C.check(A, bad)
+
+
+def test_empty_and_banded():
+    r = C.color(sp.csr_array((5, 4)), "column")
+    C.check(sp.csr_array((5, 4)), r)
+    n = 200
+    # k-fold diff Jacobian: k+1 bands -> k+1 colors
+    k = 4
+    J = sp.diags([np.ones(n - k)] * (k + 1), offsets=list(range(k + 1)), shape=(n - k, n))
+    for order in ("natural", "largest_first"):
+        assert C.color(J, "column", order).ncolors == k + 1

@@ -1,0 +1,67 @@
+"""Sparse plus sparse on the union pattern, ``alpha A + beta B``."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from asd.errors import InputError
+from asd.linalg._sparse import Pattern, check_dtypes, from_pattern, pattern_from_csr, values_of
+
+__all__ = ["add"]
+
+Scalar = Union[float, int, torch.Tensor]
+
+
+def _union_plan(PA: Pattern, PB: Pattern):
+    key = ("union", id(PB))
+    hit = PA._cache.get(key)
+    if hit is not None and hit[0] is PB:
+        return hit[1]
+    ka = PA.row * PA.n_cols + PA.col
+    kb = PB.row * PB.n_cols + PB.col
+    keys = torch.unique(torch.cat([ka, kb]))                  # sorted: row-major CSR order
+    ia = torch.searchsorted(keys, ka)
+    ib = torch.searchsorted(keys, kb)
+    row = keys // PA.n_cols
+    col = keys % PA.n_cols
+    counts = torch.bincount(row, minlength=PA.n_rows)
+    crow = torch.zeros(PA.n_rows + 1, dtype=torch.int64, device=PA.device)
+    crow[1:] = torch.cumsum(counts, 0)
+    PC = pattern_from_csr(PA.layout, PA.shape, crow, col.contiguous(), PA.batch)
+    PC._cache["row"] = row
+    plan = (PC, ia, ib)
+    PA._cache[key] = (PB, plan)
+    return plan
+
+
+def add(A: torch.Tensor, B: torch.Tensor, alpha: Scalar = 1, beta: Scalar = 1) -> torch.Tensor:
+    """``alpha * A + beta * B`` for sparse ``A`` and ``B`` with the union pattern.
+
+    Parameters
+    ----------
+    A, B : torch.Tensor
+        Sparse COO or CSR tensors of one shape ``(n, m)`` or ``(Bt, n, m)`` (layouts may differ).
+    alpha, beta : float or torch.Tensor
+        Scalars; 0-d tensors that require grad are differentiated too.
+
+    Returns
+    -------
+    torch.Tensor
+        Sparse tensor in ``A``'s layout whose pattern is the union of both patterns (an entry
+        stored in either is stored, even if its value cancels).  The gradient with respect to
+        ``A`` is ``alpha * G ⊙ mask(A)`` in ``A``'s layout, likewise for ``B``.
+    """
+    PA, va = values_of(A, "A")
+    PB, vb = values_of(B, "B")
+    if PA.shape != PB.shape:
+        raise InputError(f"shape mismatch in add: {PA.shape} and {PB.shape}")
+    if va.device != vb.device:
+        raise InputError(f"A is on {va.device} but B is on {vb.device}; move both to one device")
+    check_dtypes(va, vb)
+    PC, ia, ib = _union_plan(PA, PB)
+    vc = torch.zeros(PC.nnz, dtype=va.dtype, device=va.device)
+    vc = vc.index_add(0, ia, va, alpha=alpha) if not torch.is_tensor(alpha) else vc.index_add(0, ia, alpha * va)
+    vc = vc.index_add(0, ib, vb, alpha=beta) if not torch.is_tensor(beta) else vc.index_add(0, ib, beta * vb)
+    return from_pattern(PC, vc)

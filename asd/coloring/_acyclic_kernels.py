@@ -1,0 +1,229 @@
+"""Numba kernels: acyclic coloring with a disjoint-set forest of two-colored trees
+(Gebremedhin, Tarafdar, Manne & Pothen 2007), and the substitution plan (private; lazy)."""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _find(parent, e):
+    r = e
+    while parent[r] != r:
+        r = parent[r]
+    while parent[e] != r:  # path compression
+        nx = parent[e]
+        parent[e] = r
+        e = nx
+    return r
+
+
+@njit(cache=True)
+def _union(parent, rank, a, b):
+    ra = _find(parent, a)
+    rb = _find(parent, b)
+    if ra == rb:
+        return
+    if rank[ra] < rank[rb]:
+        parent[ra] = rb
+    elif rank[ra] > rank[rb]:
+        parent[rb] = ra
+    else:
+        parent[rb] = ra
+        rank[ra] += 1
+
+
+@njit(cache=True)
+def acyclic_color(order, ptr, idx, tpos):
+    """Greedy acyclic coloring.  Edges are identified by the smaller of their two CSR
+    positions; each two-colored tree is a set of a disjoint-set forest over edges."""
+    n = ptr.shape[0] - 1
+    nnz = idx.shape[0]
+    color = np.full(n, -1, dtype=np.int64)
+    forbidden = np.full(n + 1, -1, dtype=np.int64)
+    parent = np.arange(nnz, dtype=np.int64)
+    rank = np.zeros(nnz, dtype=np.int8)
+    visit_v = np.full(nnz, -1, dtype=np.int64)  # first visit of a tree (root) by (v, w)
+    visit_w = np.full(nnz, -1, dtype=np.int64)
+    fn_v = np.full(n + 1, -1, dtype=np.int64)  # per color: v's first edge to that color
+    fn_e = np.full(n + 1, -1, dtype=np.int64)
+    ncol = 0
+    for t in range(order.shape[0]):
+        v = order[t]
+        for p in range(ptr[v], ptr[v + 1]):
+            w = idx[p]
+            if w != v:
+                cw = color[w]
+                if cw >= 0:
+                    forbidden[cw] = v
+        # two neighbours of one color in the same two-colored tree: that tree's other color
+        # would close a cycle
+        for p in range(ptr[v], ptr[v + 1]):
+            w = idx[p]
+            if w == v or color[w] < 0:
+                continue
+            for q in range(ptr[w], ptr[w + 1]):
+                x = idx[q]
+                if x == v or x == w:
+                    continue
+                cx = color[x]
+                if cx < 0 or forbidden[cx] == v:
+                    continue
+                e = q if q < tpos[q] else tpos[q]
+                r = _find(parent, e)
+                if visit_v[r] != v:
+                    visit_v[r] = v
+                    visit_w[r] = w
+                elif visit_w[r] != w:
+                    forbidden[cx] = v
+        c = 0
+        while forbidden[c] == v:
+            c += 1
+        color[v] = c
+        if c + 1 > ncol:
+            ncol = c + 1
+        # merge the new edges into the two-colored trees they touch
+        for p in range(ptr[v], ptr[v + 1]):
+            w = idx[p]
+            if w == v:
+                continue
+            cw = color[w]
+            if cw < 0:
+                continue
+            e = p if p < tpos[p] else tpos[p]
+            for q in range(ptr[w], ptr[w + 1]):
+                x = idx[q]
+                if x != v and x != w and color[x] == c:
+                    f = q if q < tpos[q] else tpos[q]
+                    _union(parent, rank, e, f)
+                    break  # all of w's c-colored edges already share one tree
+            if fn_v[cw] == v:
+                _union(parent, rank, e, fn_e[cw])
+            else:
+                fn_v[cw] = v
+                fn_e[cw] = e
+    return color, ncol
+
+
+@njit(cache=True)
+def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
+    """Peel the leaves of every two-colored forest.
+
+    ``perm``: the off-diagonal CSR positions sorted by (color pair, row); ``gstart``: the start
+    of each color pair's segment in ``perm`` (length ngroups + 1).  Returns the steps
+    (pos, pos_t, src, level) in creation order, their dependencies (CSR-like) and ``ok``
+    (False if some two-colored subgraph has a cycle).
+    """
+    nnz = idx.shape[0]
+    # diagonal steps first
+    ndiag = 0
+    for p in range(nnz):
+        if rows[p] == idx[p]:
+            ndiag += 1
+    nedge = (nnz - ndiag) // 2
+    nsteps = ndiag + nedge
+    step_pos = np.empty(nsteps, dtype=np.int64)
+    step_pos_t = np.empty(nsteps, dtype=np.int64)
+    step_src = np.empty(nsteps, dtype=np.int64)
+    step_lvl = np.zeros(nsteps, dtype=np.int64)
+    dep_ptr = np.zeros(nsteps + 1, dtype=np.int64)
+    dep_pos = np.empty(max(nnz - ndiag - nedge, 1) * 1, dtype=np.int64)
+    ndep_cap = dep_pos.shape[0]
+    ndep = 0
+    lvl_pos = np.full(nnz, -1, dtype=np.int64)
+    k = 0
+    for p in range(nnz):
+        if rows[p] == idx[p]:
+            i = rows[p]
+            step_pos[k] = p
+            step_pos_t[k] = p
+            step_src[k] = color[i] * n + i
+            dep_ptr[k + 1] = ndep
+            k += 1
+    # per-vertex scratch for the current group
+    deg = np.zeros(n, dtype=np.int64)
+    nbrsum = np.zeros(n, dtype=np.int64)
+    possum = np.zeros(n, dtype=np.int64)
+    seg_a = np.zeros(n, dtype=np.int64)
+    seg_b = np.zeros(n, dtype=np.int64)
+    queue = np.empty(n, dtype=np.int64)
+    ok = True
+    ngroups = gstart.shape[0] - 1
+    for g in range(ngroups):
+        a = gstart[g]
+        b = gstart[g + 1]
+        # vertex segments (perm is sorted by row inside the group)
+        t = a
+        while t < b:
+            i = rows[perm[t]]
+            u = t
+            while u < b and rows[perm[u]] == i:
+                u += 1
+            seg_a[i] = t
+            seg_b[i] = u
+            deg[i] = u - t
+            s1 = 0
+            s2 = 0
+            for z in range(t, u):
+                s1 += idx[perm[z]]
+                s2 += perm[z]
+            nbrsum[i] = s1
+            possum[i] = s2
+            t = u
+        # leaves
+        qh = 0
+        qt = 0
+        t = a
+        while t < b:
+            i = rows[perm[t]]
+            if deg[i] == 1:
+                queue[qt] = i
+                qt += 1
+            t = seg_b[i]
+        while qh < qt:
+            i = queue[qh]
+            qh += 1
+            if deg[i] != 1:
+                continue
+            j = nbrsum[i]
+            p = possum[i]
+            # H[i, j] = B[c(j)][i] - sum of H[i, x] over i's other edges of this group (solved)
+            step_pos[k] = p
+            step_pos_t[k] = tpos[p]
+            step_src[k] = color[j] * n + i
+            lv = 0
+            for z in range(seg_a[i], seg_b[i]):
+                d = perm[z]
+                if d != p:
+                    if ndep >= ndep_cap:
+                        newcap = ndep_cap * 2 + 16
+                        tmp = np.empty(newcap, dtype=np.int64)
+                        tmp[:ndep] = dep_pos[:ndep]
+                        dep_pos = tmp
+                        ndep_cap = newcap
+                    dep_pos[ndep] = d
+                    ndep += 1
+                    if lvl_pos[d] + 1 > lv:
+                        lv = lvl_pos[d] + 1
+            step_lvl[k] = lv
+            lvl_pos[p] = lv
+            lvl_pos[tpos[p]] = lv
+            dep_ptr[k + 1] = ndep
+            k += 1
+            deg[i] = 0
+            deg[j] -= 1
+            nbrsum[j] -= i
+            possum[j] -= tpos[p]
+            if deg[j] == 1:
+                queue[qt] = j
+                qt += 1
+        # anything left means a cycle
+        t = a
+        while t < b:
+            i = rows[perm[t]]
+            if deg[i] != 0:
+                ok = False
+                deg[i] = 0
+            t = seg_b[i]
+    if k != nsteps:
+        ok = False
+    return step_pos[:k], step_pos_t[:k], step_src[:k], step_lvl[:k], dep_ptr[: k + 1], dep_pos[:ndep].copy(), ok

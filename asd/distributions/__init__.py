@@ -1,0 +1,5 @@
+"""Probability distributions with sparse parameterisations (sparsity-preserving gradients)."""
+
+from asd.distributions.gaussian import SparseMultivariateNormal
+
+__all__ = ["SparseMultivariateNormal"]

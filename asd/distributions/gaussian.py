@@ -1,0 +1,168 @@
+"""Multivariate normal distributions with a sparse triangular factor.
+
+Four parameterisations (torchsparsegradutils, seed 003), with ``L`` sparse lower triangular:
+
+========================  ===============================  =====================================
+arguments                 meaning                          sample ``x = loc + ...``
+========================  ===============================  =====================================
+``scale_tril=L``          covariance  ``S = L L^T``        ``L eps``
+``precision_tril=L``      precision   ``Q = L L^T``        ``L^{-T} eps``
+``scale_tril=L, D``       covariance  ``S = L D L^T``      ``L D^{1/2} eps``
+``precision_tril=L, D``   precision   ``Q = L D L^T``      ``L^{-T} D^{-1/2} eps``
+========================  ===============================  =====================================
+
+In the LDL^T forms ``L`` is unit lower triangular and stored *without* its diagonal (strictly
+lower; stored diagonal entries are ignored) and ``D`` (``diagonal=``) is a dense positive vector.
+Sampling and densities use only sparse products and triangular solves, so gradients with respect
+to ``L`` keep its pattern and nothing ``n x n`` is ever formed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch.distributions import Distribution, constraints
+
+from asd.errors import InputError
+from asd.linalg import matmul, triangular_solve
+from asd.linalg._sparse import check_sparse, values_of
+from asd.linalg.triangular import check_triangular
+
+__all__ = ["SparseMultivariateNormal"]
+
+
+class SparseMultivariateNormal(Distribution):
+    """Multivariate normal ``N(loc, S)`` with a sparse (LL^T or LDL^T) factor of ``S`` or ``S^{-1}``.
+
+    Parameters
+    ----------
+    loc : torch.Tensor
+        Mean, shape ``batch_shape + (n,)``.
+    scale_tril : torch.Tensor, optional
+        Sparse COO/CSR ``(n, n)`` lower-triangular factor of the covariance.
+    precision_tril : torch.Tensor, optional
+        Sparse COO/CSR ``(n, n)`` lower-triangular factor of the precision.
+    diagonal : torch.Tensor, optional
+        ``D`` of the LDL^T form, shape ``(n,)``, positive.  With it, the factor is unit lower
+        triangular and stored without its diagonal.
+    validate_args : bool, optional
+        Check positivity of ``D`` / of the diagonal of ``L``.
+
+    Examples
+    --------
+    >>> L = torch.eye(3).to_sparse_csr().requires_grad_()
+    >>> d = SparseMultivariateNormal(torch.zeros(3), scale_tril=L)
+    >>> d.log_prob(d.rsample((5,))).shape
+    torch.Size([5])
+    """
+
+    arg_constraints = {"loc": constraints.real_vector}
+    support = constraints.real_vector
+    has_rsample = True
+
+    def __init__(self, loc: torch.Tensor, scale_tril: Optional[torch.Tensor] = None,
+                 precision_tril: Optional[torch.Tensor] = None,
+                 diagonal: Optional[torch.Tensor] = None,
+                 validate_args: Optional[bool] = None):
+        if (scale_tril is None) == (precision_tril is None):
+            raise InputError("pass exactly one of scale_tril= and precision_tril=")
+        L = scale_tril if scale_tril is not None else precision_tril
+        check_sparse(L, "scale_tril" if scale_tril is not None else "precision_tril")
+        if L.dim() != 2:
+            raise InputError(f"the sparse factor must be (n, n), got shape {tuple(L.shape)}; put "
+                             f"batch dimensions on loc")
+        if not isinstance(loc, torch.Tensor) or loc.dim() < 1 or loc.shape[-1] != L.shape[0]:
+            raise InputError(f"loc must end with the event size {L.shape[0]}, got "
+                             f"{tuple(getattr(loc, 'shape', ()))}")
+        if loc.device != L.device:
+            raise InputError(f"loc is on {loc.device} but the factor is on {L.device}")
+        if loc.dtype != L.dtype:
+            raise InputError(f"dtype mismatch: loc is {loc.dtype}, the factor is {L.dtype}")
+        P, vals = values_of(L.detach())
+        check_triangular(P, upper=False, name="the sparse factor")
+        n = L.shape[0]
+        self._ldl = diagonal is not None
+        if self._ldl:
+            if diagonal.shape != (n,):
+                raise InputError(f"diagonal must have shape ({n},), got {tuple(diagonal.shape)}")
+        else:
+            if int(P.diag_mask.sum()) != n:
+                raise InputError("the factor must store every diagonal entry (LL^T form); for a "
+                                 "unit factor stored without its diagonal pass diagonal=D")
+        self.loc = loc
+        self.factor = L
+        self.diagonal = diagonal
+        self._is_precision = precision_tril is not None
+        self.scale_tril = scale_tril
+        self.precision_tril = precision_tril
+        self._n = n
+        super().__init__(loc.shape[:-1], loc.shape[-1:], validate_args=validate_args)
+        if self._validate_args:
+            if self._ldl and not bool((diagonal > 0).all()):
+                raise InputError("diagonal D must be positive")
+            if not self._ldl and not bool((vals[P.diag_mask] > 0).all()):
+                raise InputError("the diagonal of the factor must be positive")
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _half_logdet_cov(self) -> torch.Tensor:
+        if self._ldl:
+            h = 0.5 * torch.log(self.diagonal).sum()
+        else:
+            P, vals = values_of(self.factor)
+            h = torch.log(vals[P.diag_mask].abs()).sum()
+        return -h if self._is_precision else h
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.loc
+
+    def _to_cols(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
+        return t.reshape(-1, self._n).t(), t.shape
+
+    # ---- Distribution API ----------------------------------------------------------------------
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+        """Reparameterised sample ``loc + (factor map) eps``, differentiable in loc, L and D."""
+        shape = self._extended_shape(sample_shape)
+        eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        E, _ = self._to_cols(eps)
+        L = self.factor
+        if not self._is_precision:
+            if self._ldl:
+                Y = self.diagonal.sqrt().unsqueeze(1) * E
+                Z = Y + matmul(L, Y)
+            else:
+                Z = matmul(L, E)
+        else:
+            if self._ldl:
+                Y = E / self.diagonal.sqrt().unsqueeze(1)
+                Z = triangular_solve(L, Y, unit_diagonal=True, transpose=True)
+            else:
+                Z = triangular_solve(L, E, transpose=True)
+        return self.loc + Z.t().reshape(shape)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """Log density, differentiable in ``value``, ``loc``, ``L`` and ``D``."""
+        if self._validate_args:
+            self._validate_sample(value)
+        diff = value - self.loc
+        shape = diff.shape
+        Dc, _ = self._to_cols(diff)
+        L = self.factor
+        if not self._is_precision:
+            if self._ldl:
+                Z = triangular_solve(L, Dc, unit_diagonal=True) / self.diagonal.sqrt().unsqueeze(1)
+            else:
+                Z = triangular_solve(L, Dc)
+        else:
+            Zt = matmul(Dc.t(), L)                           # (L^T diff)^T without a transpose
+            Z = Zt.t()
+            if self._ldl:
+                Z = (Z + Dc) * self.diagonal.sqrt().unsqueeze(1)
+        maha = (Z * Z).sum(0).reshape(shape[:-1])
+        return -0.5 * maha - self._half_logdet_cov() - 0.5 * self._n * math.log(2 * math.pi)
+
+    def entropy(self) -> torch.Tensor:
+        h = 0.5 * self._n * (1.0 + math.log(2 * math.pi)) + self._half_logdet_cov()
+        return h.expand(self.batch_shape)

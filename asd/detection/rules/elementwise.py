@@ -1,0 +1,164 @@
+"""Elementwise ops: unary and n-ary math with broadcasting, and zero-derivative ops.
+
+An output element of an elementwise op depends on the broadcast-matching element of every
+differentiable operand (minus the operands the op's derivative ignores, e.g. ``copysign``'s sign
+source). Zero-derivative ops (comparisons, sign, rounding) give empty sets. Under local tracing,
+piecewise-linear ops whose derivative vanishes on part of the domain (``relu``) use the values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import sets as S
+from ..registry import aten_ops, register_rule
+from ..tracer import Call, TracedTensor, is_differentiable_dtype
+
+aten = torch.ops.aten
+
+
+def _broadcast_rows(a: torch.Tensor, out_shape) -> np.ndarray:
+    ids = torch.arange(a.numel(), dtype=torch.int64).reshape(a.shape)
+    return ids.broadcast_to(out_shape).reshape(-1).numpy()
+
+
+def operand_sets(call: Call, a, out: torch.Tensor):
+    """Sets of operand ``a`` broadcast to the shape of ``out`` (``None`` if it carries none)."""
+    s = call.sets(a)
+    if s is None:
+        return None
+    if tuple(a.shape) == tuple(out.shape):
+        return s
+    return S.take_rows(s, _broadcast_rows(a, out.shape))
+
+
+def _tensor_args(call: Call, skip: tuple[str, ...] = ()):
+    b = call.bound()
+    for name, v in b.items():
+        if name in skip:
+            continue
+        if isinstance(v, TracedTensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            for t in v:
+                if isinstance(t, TracedTensor):
+                    yield t
+
+
+def broadcast_union(call: Call, skip: tuple[str, ...] = ()) -> list:
+    """Every output depends on the matching element of every differentiable operand."""
+    res = []
+    for out in call.outs:
+        if not is_differentiable_dtype(out.dtype):
+            res.append(None)
+            continue
+        parts = [operand_sets(call, a, out) for a in _tensor_args(call, skip)]
+        res.append(S.union(parts, out.numel(), call.n))
+    return res
+
+
+def zero(call: Call) -> list:
+    """Zero derivative almost everywhere: empty sets."""
+    return [None] * len(call.outs)
+
+
+def _skipping(*names: str):
+    def rule(call: Call) -> list:
+        return broadcast_union(call, skip=names)
+    return rule
+
+
+def div_rule(call: Call) -> list:
+    if call.bound().get("rounding_mode") is not None:
+        return zero(call)
+    return broadcast_union(call)
+
+
+def _masked_by_value(predicate):
+    """Local tracing: drop the sets where ``predicate(self_values)`` says the derivative is 0."""
+
+    def rule(call: Call) -> list:
+        res = broadcast_union(call)
+        if not call.local:
+            return res
+        x = call.bound()["self"]
+        if not isinstance(x, TracedTensor) or x.primal.is_meta or res[0] is None:
+            return res
+        if tuple(x.shape) != tuple(call.outs[0].shape):
+            return res
+        keep = predicate(x.primal, call.bound()).reshape(-1).cpu().numpy()
+        rows = np.where(keep, np.arange(len(keep)), -1)
+        return [S.take_rows(res[0], rows)] + res[1:]
+
+    return rule
+
+
+def _clamp_keep(x, b):
+    keep = torch.ones_like(x, dtype=torch.bool)
+    lo, hi = b.get("min"), b.get("max")
+    for bound, cmp in ((lo, torch.ge), (hi, torch.le)):
+        if bound is None:
+            continue
+        if isinstance(bound, TracedTensor):
+            return torch.ones_like(x, dtype=torch.bool)  # tensor bounds: no value-based pruning
+        keep &= cmp(x, bound)
+    return keep
+
+
+NONLINEAR_UNARY = aten_ops(
+    "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "sin", "sinh", "tan", "tanh",
+    "exp", "exp2", "expm1", "log", "log10", "log1p", "log2", "sqrt", "rsqrt", "reciprocal",
+    "sigmoid", "logit", "erf", "erfc", "erfinv", "lgamma", "digamma", "polygamma", "i0", "sinc",
+    "special_i0e", "special_i1", "special_i1e", "special_ndtr", "special_ndtri", "special_log_ndtr",
+    "special_erfcx", "special_entr", "special_xlog1py", "special_xlogy", "special_zeta",
+    "special_bessel_j0", "special_bessel_j1", "special_spherical_bessel_j0", "gelu", "silu",
+    "mish", "elu", "celu", "selu", "softplus", "log_sigmoid_forward", "mvlgamma", "square",
+    "pow", "float_power", "xlogy", "logaddexp", "logaddexp2", "hypot", "atan2", "arctan2",
+    "igamma", "igammac", "hardswish", "erfinv_", "nan_to_num", "angle", "exp_", "log_", "sqrt_",
+    "sin_", "cos_", "tanh_", "sigmoid_", "pow_", "reciprocal_", "rsqrt_",
+)
+PIECEWISE_LINEAR = aten_ops(
+    "abs", "abs_", "fmax", "fmin", "maximum", "minimum", "hardtanh", "hardtanh_", "leaky_relu",
+    "leaky_relu_", "softshrink", "hardshrink", "threshold", "threshold_", "hardsigmoid",
+    "fmod", "remainder", "rrelu_with_noise",
+)
+LINEAR = aten_ops(
+    "add", "add_", "sub", "sub_", "rsub", "neg", "neg_", "positive", "_to_copy", "conj_physical",
+    "_conj_physical", "real", "imag", "deg2rad", "rad2deg", "frac", "lerp", "lerp_", "view_as_real",
+    "view_as_complex", "_to_dense", "to_dense", "_neg_view", "_conj", "resolve_conj", "resolve_neg",
+)
+BILINEAR = aten_ops("mul", "mul_", "addcmul", "addcmul_", "prelu", "_prelu_kernel")
+NONLINEAR_NARY = aten_ops("addcdiv", "addcdiv_")
+ZERO = aten_ops(
+    "eq", "ne", "lt", "le", "gt", "ge", "eq_", "ne_", "lt_", "le_", "gt_", "ge_", "sign", "sign_",
+    "sgn", "floor", "floor_", "ceil", "ceil_", "round", "round_", "trunc", "trunc_", "fix",
+    "isnan", "isinf", "isfinite", "isposinf", "isneginf", "isreal", "signbit", "heaviside",
+    "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "floor_divide",
+    "argmax", "argmin", "any", "all", "count_nonzero", "nonzero", "nonzero_static", "argsort",
+    "searchsorted", "bucketize", "histc", "bincount", "isin", "zeros_like", "ones_like", "full_like",
+    "empty_like", "rand_like", "randn_like", "randint_like", "new_zeros", "new_ones", "new_full",
+    "new_empty", "new_empty_strided", "empty_strided", "bernoulli", "bernoulli_", "uniform_",
+    "normal_", "random_", "exponential_", "geometric_", "log_normal_", "dropout_mask",
+    "is_same_size", "_is_all_true", "_is_any_true", "allclose", "isclose", "nextafter",
+    "unique_consecutive", "_unique2", "unique_dim", "detach_", "cauchy_",
+)
+
+register_rule(NONLINEAR_UNARY + NONLINEAR_NARY, broadcast_union, second_order="nonlinear",
+              family="elementwise")
+register_rule(PIECEWISE_LINEAR, broadcast_union, second_order="linear", family="elementwise")
+register_rule(LINEAR, broadcast_union, second_order="linear", family="elementwise")
+register_rule(BILINEAR, broadcast_union, second_order="bilinear", family="elementwise")
+register_rule(ZERO, zero, second_order="zero", family="elementwise")
+register_rule(aten_ops("div", "div_", "true_divide"), div_rule, second_order="nonlinear",
+              family="elementwise")
+register_rule(aten_ops("copysign", "copysign_"), _skipping("other"), second_order="linear",
+              family="elementwise")
+register_rule([torch.ops.aten.max.other, torch.ops.aten.min.other], broadcast_union, second_order="linear",
+              family="elementwise")
+register_rule(aten_ops("relu", "relu_"), _masked_by_value(lambda x, b: x > 0), second_order="linear",
+              family="elementwise")
+register_rule(aten_ops("clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_", "clamp_max",
+                       "clamp_max_"),
+              _masked_by_value(_clamp_keep), second_order="linear", family="elementwise")

@@ -1,0 +1,268 @@
+"""Data movement, handled once, generically: run the op on id tensors and take rows.
+
+Every differentiable tensor argument is replaced by a tensor of element ids (1-based, offset per
+argument; 0 means "no input", so zero-filling ops such as ``tril`` or constant padding produce
+empty sets), every ``Scalar`` argument by 0, and the op is run for real. Each output element then
+names the one argument element it was copied from. Integer and boolean arguments (indices,
+masks) are passed with their real values; under global tracing a selector whose values are
+unknown either makes the op a union (``where``, ``masked_fill``) or raises :class:`TracingError`
+(indexing with indices computed from the input).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ...errors import TracingError
+from .. import sets as S
+from ..registry import aten_ops, register_rule
+from ..tracer import Call, TracedTensor, is_differentiable_dtype
+
+aten = torch.ops.aten
+
+
+def _is_data(a) -> bool:
+    return isinstance(a, torch.Tensor) and is_differentiable_dtype(a.dtype)
+
+
+def _scalar_arg_names(func) -> set[str]:
+    return {a.name for a in func._schema.arguments if str(a.type) in ("Scalar", "Optional[Scalar]")}
+
+
+def _id_call(call: Call, id_dtype: torch.dtype, data_value=None):
+    """Run the op with id tensors in place of data tensors; returns (outputs, stacked sets)."""
+    func = call.func
+    scalar_names = _scalar_arg_names(func)
+    schema_args = func._schema.arguments
+    set_list = []
+    offset = 0
+
+    def ids_for(a):
+        nonlocal offset
+        s = call.sets(a) if isinstance(a, TracedTensor) else None
+        shape = a.shape
+        if s is None:
+            return torch.zeros(shape, dtype=id_dtype)
+        ids = torch.arange(offset + 1, offset + 1 + a.numel(), dtype=id_dtype).reshape(shape)
+        offset += a.numel()
+        set_list.append(s)
+        return ids
+
+    def select(a):
+        if isinstance(a, TracedTensor):
+            p = a.primal
+        else:
+            p = a
+        if isinstance(p, torch.Tensor) and p.is_meta:
+            raise _UnknownSelector(a)
+        if isinstance(p, torch.Tensor) and p.device.type != "cpu":
+            p = p.cpu()
+        return p
+
+    def convert(name, a):
+        if _is_data(a):
+            return ids_for(a)
+        if isinstance(a, torch.Tensor):
+            return select(a)
+        if isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in a):
+            return type(a)(convert(name, t) if t is not None else None for t in a)
+        if name in scalar_names and a is not None:
+            return 0 if data_value is None else data_value
+        return a
+
+    args = [convert(schema_args[i].name if i < len(schema_args) else "", a) for i, a in enumerate(call.args)]
+    kwargs = {k: convert(k, v) for k, v in call.kwargs.items()}
+    out = call.func(*args, **kwargs)
+    stacked = S.vstack(set_list) if set_list else None
+    return out, stacked
+
+
+class _UnknownSelector(Exception):
+    def __init__(self, arg):
+        self.arg = arg
+
+
+def _ids_to_sets(call: Call, out, stacked) -> list:
+    flat, _ = tree_flatten(out)
+    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+    res = []
+    for o, ids in zip(call.outs, tensors):
+        if stacked is None or not is_differentiable_dtype(o.dtype):
+            res.append(None)
+            continue
+        rows = ids.reshape(-1).to(torch.int64).numpy() - 1
+        res.append(S.take_rows(stacked, rows))
+    return res
+
+
+def run_on_ids(call: Call):
+    """Output sets of a pure data-movement op, or ``None`` if the op cannot run on ids."""
+    for dtype in (torch.int64, torch.float64):
+        try:
+            out, stacked = _id_call(call, dtype)
+        except _UnknownSelector:
+            raise
+        except (RuntimeError, NotImplementedError, TypeError):
+            continue
+        return _ids_to_sets(call, out, stacked)
+    return None
+
+
+def movement(call: Call) -> list:
+    """Rule for ops that only copy elements, selectors known (else: data-dependent indexing error)."""
+    try:
+        res = run_on_ids(call)
+    except _UnknownSelector:
+        raise TracingError(
+            f"{call.func} selects elements with indices computed from the input; under global "
+            "tracing their values are unknown. Pass local=True to trace at a point."
+        ) from None
+    if res is None:
+        from .fallback import conservative
+
+        call.tracer._unsupported(call.func)
+        return conservative(call)
+    return res
+
+
+def selection(call: Call) -> list:
+    """Rule for ops choosing between data by a mask (where, masked_fill): union when unknown."""
+    try:
+        res = run_on_ids(call)
+    except _UnknownSelector:
+        res = None
+    if res is None:
+        from .elementwise import broadcast_union
+
+        return broadcast_union(call)
+    return res
+
+
+def view_ids(call: Call, base: TracedTensor) -> list[np.ndarray] | None:
+    """For a view op, the base element each output element refers to (0-based, per output)."""
+    func = call.func
+    if func in (aten.as_strided.default, aten.as_strided_.default):
+        if not base._storage.primal.is_contiguous():
+            return None
+        b = call.bound()
+        total = base._storage.primal.numel()
+        ids = torch.arange(total).as_strided(b["size"], b["stride"], b["storage_offset"] or 0)
+        # ``as_strided`` addresses the storage: map storage ids back through the base's view map.
+        ids = ids.reshape(-1).numpy()
+        if base._idx is not None:
+            inverse = np.full(total, -1, dtype=np.int64)
+            inverse[base._idx] = np.arange(len(base._idx))
+            ids = inverse[ids]
+            if (ids < 0).any():
+                return None
+        return [ids]
+    ids_in = torch.arange(base.numel(), dtype=torch.int64).reshape(base.shape)
+
+    def convert(a):
+        if a is base:
+            return ids_in
+        if isinstance(a, TracedTensor):
+            return a.primal
+        return a
+
+    args = [convert(a) for a in call.args]
+    kwargs = {k: convert(v) for k, v in call.kwargs.items()}
+    try:
+        out = func(*args, **kwargs)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    flat, _ = tree_flatten(out)
+    return [t.reshape(-1).numpy() for t in flat if isinstance(t, torch.Tensor)]
+
+
+MOVEMENT_OPS = aten_ops(
+    "clone", "copy", "copy_", "cat", "stack", "hstack", "vstack", "dstack", "roll", "flip", "rot90",
+    "repeat", "tril", "tril_", "triu", "triu_", "constant_pad_nd", "reflection_pad1d",
+    "reflection_pad2d", "reflection_pad3d", "replication_pad1d", "replication_pad2d",
+    "replication_pad3d", "_pad_circular", "_unsafe_view", "view_copy", "permute_copy", "expand_copy",
+    "t_copy", "transpose_copy", "unsqueeze_copy", "squeeze_copy", "slice_copy", "select_copy",
+    "diagonal_copy", "unfold_copy", "alias_copy", "narrow_copy", "unbind_copy", "split_copy",
+    "split_with_sizes_copy", "as_strided_copy", "detach_copy", "index", "index_select", "gather",
+    "take", "take_along_dim", "masked_select", "index_fill", "index_fill_",
+    "index_copy", "index_copy_", "slice_scatter", "select_scatter", "diagonal_scatter",
+    "as_strided_scatter", "masked_scatter", "masked_scatter_", "diag_embed", "diag", "block_diag",
+    "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle", "im2col",
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+    "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "repeat_interleave", "fill", "fill_",
+    "zero_", "unfold", "lift_fresh_copy", "_reshape_copy", "flatten",
+    "movedim", "moveaxis", "narrow", "tile", "ravel", "swapaxes", "swapdims",
+)
+
+register_rule(MOVEMENT_OPS, movement, second_order="linear", family="movement")
+register_rule(aten_ops("where", "masked_fill", "masked_fill_"), selection, second_order="linear",
+              family="movement")
+
+
+# -- accumulating scatters: the target keeps its sets and gains those of every source element -------
+
+def _positions(shape) -> torch.Tensor:
+    return torch.arange(int(np.prod(shape)) if len(shape) else 1, dtype=torch.int64).reshape(shape)
+
+
+def _known(t):
+    p = t.primal if isinstance(t, TracedTensor) else t
+    if isinstance(p, torch.Tensor) and p.is_meta:
+        raise TracingError("scatter indices computed from the input are unknown under global tracing; "
+                           "pass local=True to trace at a point")
+    return p.cpu() if isinstance(p, torch.Tensor) else p
+
+
+def accumulate(call: Call) -> list:
+    """index_add, scatter_add, scatter_reduce, index_put(accumulate=True), index_reduce, put."""
+    b = call.bound()
+    f = call.func.overloadpacket
+    name = f.__name__.rstrip("_")
+    if name == "index_put" and not b.get("accumulate"):
+        return movement(call)
+    if name == "scatter" and b.get("reduce") is None:
+        return movement(call)
+    out = call.outs[0]
+    self_ = b["self"]
+    pos = _positions(tuple(self_.shape))
+    if name in ("index_add", "index_reduce"):
+        src = b["source"]
+        tgt = torch.index_select(pos, b["dim"], _known(b["index"]))
+        src_ids = _positions(tuple(src.shape))
+    elif name in ("scatter_add", "scatter_reduce", "scatter"):
+        src = b.get("src")
+        index = _known(b["index"])
+        tgt = torch.gather(pos, b["dim"], index)
+        if src is None or not isinstance(src, torch.Tensor):  # scatter.value_reduce: a scalar source
+            src_ids = None
+        else:
+            src_ids = _positions(tuple(src.shape))[tuple(slice(0, s) for s in index.shape)]
+    elif name == "index_put":
+        src = b["values"]
+        indices = [_known(i) if i is not None else None for i in b["indices"]]
+        tgt = pos[tuple(indices)]
+        src_ids = _positions(tuple(src.shape)).broadcast_to(tgt.shape)
+    else:  # put
+        src = b["source"]
+        tgt = pos.reshape(-1)[_known(b["index"]).reshape(-1)]
+        src_ids = _positions(tuple(src.shape)).reshape(-1)
+    parts = []
+    s_self = call.sets(self_)
+    include_self = b.get("include_self", True)
+    if s_self is not None:
+        if include_self is False:
+            keep = np.arange(self_.numel())
+            keep[np.unique(tgt.reshape(-1).numpy())] = -1
+            s_self = S.take_rows(s_self, keep)
+        parts.append(s_self)
+    s_src = call.sets(src) if src_ids is not None else None
+    if s_src is not None:
+        parts.append(S.gather_union(s_src, tgt.reshape(-1).numpy(), src_ids.reshape(-1).numpy(), out.numel()))
+    return [S.union(parts, out.numel(), call.n)]
+
+
+register_rule(aten_ops("index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce",
+                       "scatter_reduce_", "index_put", "index_put_", "_index_put_impl_", "scatter",
+                       "scatter_", "index_reduce", "index_reduce_", "put", "put_"),
+              accumulate, second_order="linear", family="movement")

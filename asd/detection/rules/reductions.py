@@ -1,0 +1,180 @@
+"""Reductions, normalizations along a dimension, cumulative ops and sorting.
+
+A reduction's output element depends on the union of the elements it reduces: the product of a
+boolean grouping matrix with the operand's sets. Softmax-like ops broadcast that union back over
+the reduced dimension; cumulative ops take prefix unions. Under local tracing, selections (max,
+sort, topk, median) follow the indices they return, which is exact at that point.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import sets as S
+from ..registry import aten_ops, register_rule
+from ..tracer import Call, TracedTensor, is_differentiable_dtype
+
+aten = torch.ops.aten
+
+
+def _dims(dim, ndim: int) -> list[int]:
+    if dim is None:
+        return list(range(ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    dim = list(dim)
+    if not dim:
+        return list(range(ndim))
+    return sorted({d % max(ndim, 1) for d in dim})
+
+
+def group_ids(shape, dims: list[int]) -> tuple[np.ndarray, int]:
+    """For each element of a tensor of ``shape``, the index of its slice when reducing ``dims``."""
+    kept = [1 if i in dims else s for i, s in enumerate(shape)]
+    ngroups = int(np.prod(kept)) if kept else 1
+    pos = torch.arange(ngroups, dtype=torch.int64).reshape(kept) if kept else torch.zeros((), dtype=torch.int64)
+    return pos.expand(tuple(shape)).reshape(-1).numpy(), ngroups
+
+
+def reduce_sets(call: Call, x, dims: list[int]) -> tuple[object, np.ndarray, int]:
+    """Union of ``x``'s sets over each slice of ``dims``: (sets per group, group of each elem, #groups)."""
+    groups, ngroups = group_ids(tuple(x.shape), dims)
+    s = call.sets(x)
+    if s is None:
+        return None, groups, ngroups
+    return S.gather_union(s, groups, np.arange(x.numel()), ngroups), groups, ngroups
+
+
+def reduction(call: Call) -> list:
+    """Each output depends on the elements it reduces (dim/keepdim read from the schema)."""
+    b = call.bound()
+    x = b["self"]
+    dims = _dims(b.get("dim"), x.dim())
+    if call.local:
+        exact = _local_selection(call, x, dims)
+        if exact is not None:
+            return exact
+    u, _, ngroups = reduce_sets(call, x, dims)
+    return [_bcast_groups(u, o, ngroups) if is_differentiable_dtype(o.dtype) else None for o in call.outs]
+
+
+def _bcast_groups(u, out: torch.Tensor, ngroups: int):
+    if u is None:
+        return None
+    if out.numel() == ngroups:
+        return u
+    # outputs of another size (topk's k values per slice): each belongs to one group, in order
+    per = out.numel() // max(ngroups, 1)
+    return S.take_rows(u, np.repeat(np.arange(ngroups), per)) if per * ngroups == out.numel() else \
+        S.take_rows(S.full_row(u), np.zeros(out.numel(), dtype=np.int64))
+
+
+def along_dim(call: Call) -> list:
+    """Each output depends on its whole slice along ``dim`` (softmax, log_softmax, normalize)."""
+    b = call.bound()
+    x = b.get("self", b.get("input"))
+    dims = _dims(b.get("dim"), x.dim())
+    u, groups, _ = reduce_sets(call, x, dims)
+    res = []
+    for o in call.outs:
+        if u is None or not is_differentiable_dtype(o.dtype):
+            res.append(None)
+        elif o.numel() == x.numel():
+            res.append(S.take_rows(u, groups))
+        else:
+            og, _ = group_ids(tuple(o.shape), _dims(b.get("dim"), o.dim()))
+            res.append(S.take_rows(u, og))
+    return res
+
+
+def cumulative(call: Call) -> list:
+    """Prefix unions along ``dim`` (cumsum, cumprod, logcumsumexp, cummax, cummin)."""
+    b = call.bound()
+    x = b["self"]
+    s = call.sets(x)
+    if s is None:
+        return [None] * len(call.outs)
+    shape = tuple(x.shape) if x.dim() else (1,)
+    d = b["dim"] % len(shape)
+    length = shape[d]
+    ids = torch.arange(x.numel(), dtype=torch.int64).reshape(shape).movedim(d, -1).reshape(-1, length)
+    k, l = np.tril_indices(length)
+    ids = ids.numpy()
+    rows = ids[:, k].reshape(-1)
+    cols = ids[:, l].reshape(-1)
+    u = S.gather_union(s, rows, cols, x.numel())
+    return [u if is_differentiable_dtype(o.dtype) else None for o in call.outs]
+
+
+def sort_like(call: Call) -> list:
+    """Values of sort/topk/kthvalue/median depend on their slice; locally, on the selected element."""
+    b = call.bound()
+    x = b["self"]
+    d = b.get("dim")
+    if d is None:
+        d = -1
+    if call.local:
+        exact = _local_selection(call, x, _dims(d, x.dim()))
+        if exact is not None:
+            return exact
+    u, groups, ngroups = reduce_sets(call, x, _dims(d, x.dim()))
+    res = []
+    for o in call.outs:
+        if u is None or not is_differentiable_dtype(o.dtype):
+            res.append(None)
+            continue
+        og, _ = group_ids(tuple(o.shape), _dims(d, o.dim()) if o.dim() == x.dim() else [])
+        res.append(S.take_rows(u, og) if o.dim() == x.dim() else _bcast_groups(u, o, ngroups))
+    return res
+
+
+def _local_selection(call: Call, x, dims: list[int]):
+    """Exact local sets for ops returning (values, indices) along one dim: gather by the indices."""
+    if len(call.outs) != 2 or call.outs[1].dtype != torch.int64 or len(dims) != 1:
+        return None
+    if not isinstance(x, TracedTensor) or x.primal.is_meta:
+        return None
+    s = call.sets(x)
+    if s is None:
+        return [None, None]
+    values, indices = call.outs
+    d = dims[0]
+    idx = indices
+    if idx.dim() < x.dim():
+        idx = idx.unsqueeze(d)
+    ids = torch.arange(x.numel(), dtype=torch.int64).reshape(x.shape)
+    picked = torch.gather(ids, d, idx.cpu()).reshape(-1).numpy()
+    return [S.take_rows(s, picked), None]
+
+
+def _overloads_except(packets, *excluded: str) -> list:
+    """All overloads of ``packets`` but those named ``excluded`` (e.g. ``max.other``, elementwise)."""
+    out = []
+    for p in packets:
+        out += [getattr(p, o) for o in p.overloads() if f"{p.__name__}.{o}" not in excluded]
+    return out
+
+
+ELEMENTWISE_OVERLOADS = ("max.other", "min.other", "max.out", "min.out", "max.unary_out", "min.unary_out")
+LINEAR_REDUCTIONS = aten_ops("sum", "mean", "nansum", "nanmean")
+SELECTIONS = aten_ops("amax", "amin", "aminmax", "max", "min", "median", "nanmedian", "mode", "kthvalue")
+SMOOTH_REDUCTIONS = aten_ops(
+    "prod", "logsumexp", "linalg_vector_norm", "norm", "var", "std", "var_mean", "std_mean",
+    "special_logsumexp", "linalg_norm", "frobenius_norm", "nuclear_norm",
+)
+ALONG_DIM = aten_ops("_softmax", "_log_softmax", "softmax", "log_softmax", "_safe_softmax",
+                     "special_softmax", "special_log_softmax")
+CUMULATIVE = aten_ops("cumsum", "cumsum_", "cumprod", "cumprod_", "logcumsumexp", "cummax", "cummin",
+                      "_cummax_helper", "_cummin_helper")
+SORTING = aten_ops("sort", "topk", "msort")
+
+register_rule(LINEAR_REDUCTIONS, reduction, second_order="linear", family="reductions")
+register_rule(_overloads_except(SELECTIONS, *ELEMENTWISE_OVERLOADS), reduction, second_order="linear",
+              family="reductions")
+register_rule(SMOOTH_REDUCTIONS, reduction, second_order="nonlinear", family="reductions")
+register_rule(ALONG_DIM, along_dim, second_order="nonlinear", family="reductions")
+register_rule(aten_ops("cumsum", "cumsum_"), cumulative, second_order="linear", family="reductions")
+register_rule([op for op in CUMULATIVE if op not in aten_ops("cumsum", "cumsum_")], cumulative,
+              second_order="nonlinear", family="reductions")
+register_rule(SORTING, sort_like, second_order="linear", family="reductions")

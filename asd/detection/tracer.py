@@ -1,0 +1,451 @@
+"""Tensor-level index-set tracing with ``__torch_dispatch__``.
+
+A :class:`TracedTensor` wraps a *primal* (a meta tensor under global tracing, a real tensor under
+local tracing or for constants created inside the traced function) and refers to a
+:class:`Storage` that holds one index-set row per element of the storage's base tensor. Views share
+the storage of their base and keep an element map into it, so in-place writes through any view
+(``r[1:-1] = ...``) update the sets every other view sees, as they update the values.
+
+While a :class:`Tracer` is active, a dispatch mode sees every ATen call made by the traced function:
+factory calls (``torch.zeros``, ``torch.arange``) return traced constants, view ops share storage,
+in-place ops write sets back, and every other op is propagated by its rule from the registry.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from ..errors import TracingError, UnsupportedOpError, UnsupportedOpWarning
+from . import sets as S
+from .registry import lookup
+
+aten = torch.ops.aten
+
+FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
+            torch.complex32, torch.complex64, torch.complex128)
+
+
+def is_differentiable_dtype(dtype: torch.dtype) -> bool:
+    return dtype in FLOATING
+
+
+class Storage:
+    """Index sets (and the primal base tensor) shared by a base tensor and all its views."""
+
+    __slots__ = ("primal", "sets", "epoch")
+
+    def __init__(self, primal: torch.Tensor, sets: sp.csr_matrix):
+        self.primal = primal
+        self.sets = sets
+        self.epoch = 0
+
+    def make_meta(self) -> None:
+        if not self.primal.is_meta:
+            self.primal = self.primal.to("meta")
+            self.epoch += 1
+
+
+class TracedTensor(torch.Tensor):
+    """A tensor that carries the index sets of its elements through a traced function."""
+
+    _storage: Storage
+    _idx: np.ndarray | None
+    _geom: tuple
+    _epoch: int
+    _primal: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, storage: Storage, primal: torch.Tensor, idx: np.ndarray | None, device: torch.device):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, primal.shape, strides=primal.stride(), storage_offset=primal.storage_offset(),
+            dtype=primal.dtype, layout=primal.layout, device=device, requires_grad=False,
+        )
+        r._storage = storage
+        r._idx = idx
+        r._primal = primal
+        r._geom = (tuple(primal.shape), tuple(primal.stride()), primal.storage_offset())
+        r._epoch = storage.epoch
+        return r
+
+    @property
+    def primal(self) -> torch.Tensor:
+        if self._epoch != self._storage.epoch:
+            size, stride, offset = self._geom
+            self._primal = self._storage.primal.as_strided(size, stride, offset)
+            self._epoch = self._storage.epoch
+        return self._primal
+
+    @property
+    def sets(self) -> sp.csr_matrix:
+        """Index sets of this tensor's elements (row-major), shape ``(numel, n)``."""
+        if self._idx is None:
+            return self._storage.sets
+        return S.take_rows(self._storage.sets, self._idx)
+
+    def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105
+        kind = "meta" if self.primal.is_meta else "real"
+        return f"TracedTensor(shape={tuple(self.shape)}, dtype={self.dtype}, {kind})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        tracer = Tracer.current()
+        if tracer is None:
+            raise TracingError(
+                f"a traced tensor was used outside of sparsity tracing (in {func}); "
+                "do not keep tensors from a traced call"
+            )
+        return tracer.dispatch(func, args, kwargs or {})
+
+
+@dataclass
+class Call:
+    """What a rule sees: the op, its original arguments, their primals, and the output primals."""
+
+    func: torch._ops.OpOverload
+    args: tuple
+    kwargs: dict
+    pargs: tuple
+    pkwargs: dict
+    outs: list
+    tracer: "Tracer"
+    _bound: dict | None = field(default=None, repr=False)
+
+    @property
+    def n(self) -> int:
+        return self.tracer.n
+
+    @property
+    def local(self) -> bool:
+        return self.tracer.local
+
+    def bound(self) -> dict[str, Any]:
+        """Arguments by schema name (original objects), defaults filled in."""
+        if self._bound is None:
+            self._bound = bind(self.func, self.args, self.kwargs)
+        return self._bound
+
+    def pbound(self) -> dict[str, Any]:
+        """Arguments by schema name with tensors replaced by their primals."""
+        return bind(self.func, self.pargs, self.pkwargs)
+
+    def sets(self, t) -> sp.csr_matrix | None:
+        """Index sets of argument ``t``, or ``None`` when it depends on no input."""
+        if isinstance(t, TracedTensor) and is_differentiable_dtype(t.dtype):
+            s = t.sets
+            return s if s.nnz else None
+        return None
+
+    def empty(self, rows: int) -> sp.csr_matrix:
+        return S.empty(rows, self.n)
+
+
+def bind(func, args, kwargs) -> dict[str, Any]:
+    """Match positional and keyword arguments to the op's schema names."""
+    out: dict[str, Any] = {}
+    schema = func._schema.arguments
+    for i, a in enumerate(schema):
+        if i < len(args) and not a.kwarg_only:
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+        else:
+            out[a.name] = None
+    return out
+
+
+def _alias_of_returns(func) -> list[tuple[int | None, bool]]:
+    """For each return: (index of the argument it aliases or None, whether that is a write)."""
+    schema = func._schema
+    res = []
+    for r in schema.returns:
+        ai = r.alias_info
+        if ai is None:
+            res.append((None, False))
+            continue
+        hit = None
+        for j, a in enumerate(schema.arguments):
+            if a.alias_info is not None and (a.alias_info.before_set & ai.before_set):
+                hit = j
+                break
+        if hit is None and func.is_view:  # list-returning views (unbind, split) alias ``self``
+            hit = 0
+        res.append((hit, bool(ai.is_write)))
+    return res
+
+
+_ALIAS_CACHE: dict = {}
+
+
+def alias_of_returns(func):
+    v = _ALIAS_CACHE.get(func)
+    if v is None:
+        v = _ALIAS_CACHE[func] = _alias_of_returns(func)
+    return v
+
+
+def _mutated_args(func) -> list[int]:
+    return [j for j, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+# Ops answered by the tracer itself, before any rule.
+_SCALAR_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, tracer: "Tracer"):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.tracer.dispatch(func, args, kwargs or {})
+
+
+class Tracer:
+    """Traces index sets through a function of one flat input of ``n`` elements.
+
+    Parameters
+    ----------
+    n
+        Number of input elements (columns of every set matrix).
+    local
+        Trace with real values (sets may then depend on them, e.g. ``relu``); otherwise the
+        input's primal is a meta tensor and any use of its values raises :class:`TracingError`.
+    strict
+        Raise :class:`UnsupportedOpError` on an op without a rule instead of warning.
+    device
+        The device traced tensors report (the user's input device).
+    """
+
+    _stack: list["Tracer"] = []
+
+    def __init__(self, n: int, *, local: bool, strict: bool = False, device=None):
+        self.n = n
+        self.local = local
+        self.strict = strict
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.warned: set[str] = set()
+        self.fallback_ops: set[str] = set()
+
+    # -- context ------------------------------------------------------------------------------
+    @classmethod
+    def current(cls) -> "Tracer | None":
+        return cls._stack[-1] if cls._stack else None
+
+    def __enter__(self):
+        self._mode = _Mode(self)
+        self._mode.__enter__()
+        Tracer._stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        Tracer._stack.pop()
+        self._mode.__exit__(*exc)
+        return False
+
+    # -- construction -------------------------------------------------------------------------
+    def input(self, x: torch.Tensor, sets: sp.csr_matrix | None = None) -> TracedTensor:
+        """The traced stand-in for the input ``x`` (its elements are inputs ``0..numel-1``)."""
+        primal = x.detach().contiguous()
+        if not self.local:
+            primal = primal.to("meta")
+        if sets is None:
+            sets = S.identity(x.numel())
+        return TracedTensor(Storage(primal, sets), primal, None, x.device)
+
+    def constant(self, t: torch.Tensor):
+        """A traced tensor with value ``t`` that depends on no input (sparse layouts stay plain)."""
+        if t.layout != torch.strided:
+            return t
+        return TracedTensor(Storage(t, S.empty(t.numel(), self.n)), t, None, self.device)
+
+    def wrap(self, primal: torch.Tensor, sets: sp.csr_matrix | None) -> TracedTensor:
+        if sets is None or not is_differentiable_dtype(primal.dtype):
+            sets = S.empty(primal.numel(), self.n)
+        if sets.shape[0] != primal.numel():
+            raise AssertionError(
+                f"internal error: a rule produced {sets.shape[0]} index sets for an output of "
+                f"{primal.numel()} elements"
+            )
+        return TracedTensor(Storage(primal, sets), primal, None, self.device)
+
+    # -- dispatch -----------------------------------------------------------------------------
+    def dispatch(self, func, args, kwargs):
+        flat, spec = tree_flatten((args, kwargs))
+        traced = [a for a in flat if isinstance(a, TracedTensor)]
+
+        if func in _SCALAR_OPS:
+            return self._scalar(func, args, kwargs, traced)
+        if func is aten.detach.default and traced:
+            return self.constant(args[0].primal.detach())
+
+        if not traced:
+            out = func(*args, **kwargs)
+            return tree_map(lambda t: self.constant(t) if isinstance(t, torch.Tensor) else t, out)
+
+        any_meta = any(t.primal.is_meta for t in traced)
+        mutated = _mutated_args(func)
+        if mutated:
+            self._prepare_mutation(func, args, kwargs, mutated, any_meta)
+
+        def unwrap(a):
+            if isinstance(a, TracedTensor):
+                a = a.primal
+            if isinstance(a, torch.Tensor) and any_meta and not a.is_meta:
+                if a.layout != torch.strided:  # sparse constants: only the shape matters here
+                    return torch.empty(a.shape, dtype=a.dtype, device="meta")
+                return a.to("meta")
+            return a
+
+        pflat = [unwrap(a) for a in flat]
+        pargs, pkwargs = tree_unflatten(pflat, spec)
+        try:
+            pout = func(*pargs, **pkwargs)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+            if any_meta:
+                raise TracingError(
+                    f"{func} cannot be traced without values under global tracing "
+                    f"({str(exc).splitlines()[0][:200]}); "
+                    "its output shape or result depends on data. Pass local=True to trace at a point."
+                ) from exc
+            raise
+
+        outs_flat, out_spec = tree_flatten(pout)
+        out_tensors = [o for o in outs_flat if isinstance(o, torch.Tensor)]
+        call = Call(func, args, kwargs, pargs, pkwargs, out_tensors, self)
+
+        aliases = alias_of_returns(func)
+        if any(a is not None for a, _ in aliases):
+            return self._aliasing(call, pout, aliases)
+
+        out_sets = self._run_rule(call)
+        wrapped = iter([self.wrap(t, s) for t, s in zip(out_tensors, out_sets)])
+        return tree_unflatten([next(wrapped) if isinstance(o, torch.Tensor) else o for o in outs_flat],
+                              out_spec)
+
+    def _run_rule(self, call: Call) -> list:
+        rule = lookup(call.func)
+        if rule is None:
+            from .rules.fallback import conservative
+
+            self._unsupported(call.func)
+            out_sets = conservative(call)
+        else:
+            out_sets = rule.fn(call)
+        if len(out_sets) != len(call.outs):
+            raise AssertionError(f"internal error: rule for {call.func} returned {len(out_sets)} "
+                                 f"set matrices for {len(call.outs)} outputs")
+        for o, s in zip(call.outs, out_sets):
+            if s is not None and s.shape != (o.numel(), self.n):
+                raise AssertionError(f"internal error: rule for {call.func} returned sets of shape "
+                                     f"{s.shape} for an output of {o.numel()} elements")
+        return out_sets
+
+    def _unsupported(self, func) -> None:
+        name = str(func)
+        self.fallback_ops.add(name)
+        if self.strict:
+            raise UnsupportedOpError(
+                f"no sparsity rule for {name}; without strict=True it is traced conservatively "
+                "(every output element depends on every input element of the op)"
+            )
+        if name not in self.warned:
+            self.warned.add(name)
+            warnings.warn(
+                f"asd: no sparsity rule for {name}; using the conservative rule (every output "
+                "element depends on every input of the op). The pattern stays correct but may be "
+                "denser than necessary.", UnsupportedOpWarning, stacklevel=4)
+
+    # -- special cases ------------------------------------------------------------------------
+    def _scalar(self, func, args, kwargs, traced):
+        for t in traced:
+            if t.primal.is_meta:
+                raise TracingError(
+                    "value-dependent control flow or conversion to a Python number "
+                    f"({func}) under global tracing: the traced values are unknown. Pass "
+                    "local=True to trace at the given point, or rewrite the branch with torch.where."
+                )
+        pargs, pkwargs = tree_map(lambda a: a.primal if isinstance(a, TracedTensor) else a, (args, kwargs))
+        return func(*pargs, **pkwargs)
+
+    def _prepare_mutation(self, func, args, kwargs, mutated, any_meta):
+        b = bind(func, args, kwargs)
+        names = [func._schema.arguments[j].name for j in mutated]
+        for name in names:
+            target = b.get(name)
+            targets = target if isinstance(target, (list, tuple)) else [target]
+            for t in targets:
+                if isinstance(t, TracedTensor):
+                    if any_meta:
+                        t._storage.make_meta()
+                elif isinstance(t, torch.Tensor):
+                    raise TracingError(
+                        f"{func} writes traced values into a tensor created outside the traced "
+                        "function; create that buffer inside the function (e.g. torch.zeros_like(x))"
+                    )
+
+    def _aliasing(self, call: Call, pout, aliases):
+        """Views share their base's storage; in-place ops write sets back into it."""
+        func = call.func
+        args = call.args
+        b_args = list(args) + [call.kwargs.get(a.name) for a in func._schema.arguments[len(args):]]
+        writes = [(j, w) for j, w in aliases if j is not None and w]
+        if writes:
+            out_sets = self._run_rule(call)
+            results = []
+            for (j, _), s in zip(writes, out_sets):
+                target = b_args[j]
+                self._write(target, s)
+                results.append(target)
+            return results[0] if len(results) == 1 and not isinstance(pout, (list, tuple)) else tuple(results)
+
+        j = aliases[0][0]
+        base = b_args[j]
+        from .rules.movement import view_ids
+
+        ids_list = view_ids(call, base)
+        if ids_list is None:  # no id map: treat as a conservative copy
+            out_sets = self._run_rule(call)
+            wrapped = [self.wrap(t, s) for t, s in zip(call.outs, out_sets)]
+        else:
+            wrapped = [self._view(base, t, ids) for t, ids in zip(call.outs, ids_list)]
+        if isinstance(pout, (list, tuple)):
+            return type(pout)(wrapped)
+        return wrapped[0]
+
+    def _view(self, base: TracedTensor, primal: torch.Tensor, ids: np.ndarray) -> TracedTensor:
+        idx = ids if base._idx is None else base._idx[ids]
+        storage = base._storage
+        if len(idx) == storage.sets.shape[0] and np.array_equal(idx, np.arange(len(idx))):
+            idx = None
+        return TracedTensor(storage, primal, idx, self.device)
+
+    def _write(self, target: TracedTensor, new_sets: sp.csr_matrix | None) -> None:
+        storage = target._storage
+        if new_sets is None:
+            new_sets = S.empty(target.numel(), self.n)
+        if target._idx is None:
+            storage.sets = new_sets
+            return
+        rows = storage.sets.shape[0]
+        mapping = np.arange(rows, dtype=np.int64)
+        mapping[target._idx] = rows + np.arange(len(target._idx), dtype=np.int64)
+        storage.sets = S.take_rows(S.vstack([storage.sets, new_sets]), mapping)
+
+
+def trace(f: Callable, x: torch.Tensor, *, local: bool, strict: bool = False) -> tuple[Any, Tracer]:
+    """Run ``f`` on a traced stand-in of ``x``; returns ``f``'s output and the tracer."""
+    tracer = Tracer(x.numel(), local=local, strict=strict, device=x.device)
+    tx = tracer.input(x)
+    with tracer:
+        out = f(tx)
+    return out, tracer

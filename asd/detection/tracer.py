@@ -348,7 +348,12 @@ class Tracer:
             if s is not None and s.shape != (o.numel(), self.n):
                 raise AssertionError(f"internal error: rule for {call.func} returned sets of shape "
                                      f"{s.shape} for an output of {o.numel()} elements")
+        self.observe(call, rule, out_sets)
         return out_sets
+
+    def observe(self, call: Call, rule, out_sets: list) -> None:
+        """Hook run after every rule (``rule`` is ``None`` for the fallback); subclasses such as
+        the Hessian tracer record second-order information here."""
 
     def _unsupported(self, func) -> None:
         name = str(func)

@@ -94,7 +94,7 @@ def _trsv_py(P, v, X, lower, trans, unit):  # pragma: no cover
     n = len(crow) - 1
     order = range(n) if (lower != trans) else range(n - 1, -1, -1)
     for i in order:
-        d = 1.0
+        d = 1.0 if unit else 0.0
         for p in range(crow[i], crow[i + 1]):
             if col[p] == i and not unit:
                 d = vv[p]

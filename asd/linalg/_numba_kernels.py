@@ -86,7 +86,7 @@ def trsv(crow, col, vals, X, lower, trans, unit):
     if not trans:
         for t in range(n):
             i = t if lower else n - 1 - t
-            d = 1.0
+            d = 1.0 if unit else 0.0               # a missing diagonal entry is a zero pivot
             for p in range(crow[i], crow[i + 1]):
                 j = col[p]
                 if j == i:

@@ -22,7 +22,7 @@ __all__ = ["color", "check", "Coloring", "DecompressionPlan", "ORDERS", "PROBLEM
 BEST_RANDOM_TRIES = 3
 
 
-def _color_one(ptr, idx, shape, problem, order, seed, postprocess):
+def _color_one(ptr, idx, shape, problem, order, seed, postprocess, tpos=None):
     if problem in ("column", "row"):
         from asd.coloring.greedy import color_partial
 
@@ -30,11 +30,11 @@ def _color_one(ptr, idx, shape, problem, order, seed, postprocess):
     if problem == "star":
         from asd.coloring.star import color_star
 
-        return color_star(ptr, idx, shape, order, seed, postprocess)
+        return color_star(ptr, idx, shape, order, seed, postprocess, tpos=tpos)
     if problem == "acyclic":
         from asd.coloring.acyclic import color_acyclic
 
-        return color_acyclic(ptr, idx, shape, order, seed)
+        return color_acyclic(ptr, idx, shape, order, seed, tpos=tpos)
     from asd.coloring.bidirectional import color_bidirectional
 
     return color_bidirectional(ptr, idx, shape, order, seed, postprocess)
@@ -78,7 +78,7 @@ def color(pattern, problem: str = "column", order: str = "natural", *, seed: int
             f"unknown coloring problem {problem!r}; choose one of {', '.join(repr(p) for p in PROBLEMS)}"
         )
     check_order(order)
-    from asd.coloring.graphs import canonical_csr, symmetrize
+    from asd.coloring.graphs import canonical_csr, symmetrize_with_tpos
 
     ptr, idx, shape = canonical_csr(pattern)
     if problem in ("star", "acyclic"):
@@ -87,14 +87,16 @@ def color(pattern, problem: str = "column", order: str = "natural", *, seed: int
                 f"problem={problem!r} colors a symmetric (Hessian) pattern and needs a square "
                 f"matrix, got shape {shape}; use problem='column', 'row' or 'bidirectional' for Jacobians"
             )
-        ptr, idx = symmetrize(ptr, idx, shape)
+        ptr, idx, tpos = symmetrize_with_tpos(ptr, idx, shape)
+    else:
+        tpos = None
     seed = int(seed)
     if order != "best":
-        return _color_one(ptr, idx, shape, problem, order, seed, postprocess)
+        return _color_one(ptr, idx, shape, problem, order, seed, postprocess, tpos)
     best = None
     tries = [(o, seed) for o in BEST_ORDERS] + [("random", seed + k) for k in range(BEST_RANDOM_TRIES)]
     for o, s in tries:
-        res = _color_one(ptr, idx, shape, problem, o, s, postprocess)
+        res = _color_one(ptr, idx, shape, problem, o, s, postprocess, tpos)
         if best is None or res.ncolors < best.ncolors:
             best = res
     return best

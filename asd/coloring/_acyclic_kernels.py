@@ -140,11 +140,8 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
             dep_ptr[k + 1] = ndep
             k += 1
     # per-vertex scratch for the current group
-    deg = np.zeros(n, dtype=np.int64)
-    nbrsum = np.zeros(n, dtype=np.int64)
-    possum = np.zeros(n, dtype=np.int64)
-    seg_a = np.zeros(n, dtype=np.int64)
-    seg_b = np.zeros(n, dtype=np.int64)
+    # per-vertex scratch packed in one row (one cache line): deg, nbrsum, possum, seg_a, seg_b
+    vd = np.zeros((n, 5), dtype=np.int64)
     queue = np.empty(n, dtype=np.int64)
     ok = True
     ngroups = gstart.shape[0] - 1
@@ -158,16 +155,16 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
             u = t
             while u < b and rows[perm[u]] == i:
                 u += 1
-            seg_a[i] = t
-            seg_b[i] = u
-            deg[i] = u - t
+            vd[i, 3] = t
+            vd[i, 4] = u
+            vd[i, 0] = u - t
             s1 = 0
             s2 = 0
             for z in range(t, u):
                 s1 += idx[perm[z]]
                 s2 += perm[z]
-            nbrsum[i] = s1
-            possum[i] = s2
+            vd[i, 1] = s1
+            vd[i, 2] = s2
             t = u
         # leaves
         qh = 0
@@ -175,23 +172,23 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
         t = a
         while t < b:
             i = rows[perm[t]]
-            if deg[i] == 1:
+            if vd[i, 0] == 1:
                 queue[qt] = i
                 qt += 1
-            t = seg_b[i]
+            t = vd[i, 4]
         while qh < qt:
             i = queue[qh]
             qh += 1
-            if deg[i] != 1:
+            if vd[i, 0] != 1:
                 continue
-            j = nbrsum[i]
-            p = possum[i]
+            j = vd[i, 1]
+            p = vd[i, 2]
             # H[i, j] = B[c(j)][i] - sum of H[i, x] over i's other edges of this group (solved)
             step_pos[k] = p
             step_pos_t[k] = tpos[p]
             step_src[k] = color[j] * n + i
             lv = 0
-            for z in range(seg_a[i], seg_b[i]):
+            for z in range(vd[i, 3], vd[i, 4]):
                 d = perm[z]
                 if d != p:
                     if ndep >= ndep_cap:
@@ -209,21 +206,107 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
             lvl_pos[tpos[p]] = lv
             dep_ptr[k + 1] = ndep
             k += 1
-            deg[i] = 0
-            deg[j] -= 1
-            nbrsum[j] -= i
-            possum[j] -= tpos[p]
-            if deg[j] == 1:
+            vd[i, 0] = 0
+            vd[j, 0] -= 1
+            vd[j, 1] -= i
+            vd[j, 2] -= tpos[p]
+            if vd[j, 0] == 1:
                 queue[qt] = j
                 qt += 1
         # anything left means a cycle
         t = a
         while t < b:
             i = rows[perm[t]]
-            if deg[i] != 0:
+            if vd[i, 0] != 0:
                 ok = False
-                deg[i] = 0
-            t = seg_b[i]
+                vd[i, 0] = 0
+            t = vd[i, 4]
     if k != nsteps:
         ok = False
     return step_pos[:k], step_pos_t[:k], step_src[:k], step_lvl[:k], dep_ptr[: k + 1], dep_pos[:ndep].copy(), ok
+
+
+@njit(cache=True)
+def group_by_pair(rows, idx, color, k):
+    """Off-diagonal positions stably counting-sorted by color pair (so (row, col) order is
+    kept inside a pair); returns (perm, gstart) over the non-empty pairs."""
+    nnz = idx.shape[0]
+    cnt = np.zeros(k * k + 1, dtype=np.int64)
+    noff = 0
+    for p in range(nnz):
+        i = rows[p]
+        j = idx[p]
+        if i != j:
+            a = color[i]
+            b = color[j]
+            key = a * k + b if a < b else b * k + a
+            cnt[key + 1] += 1
+            noff += 1
+    for t in range(k * k):
+        cnt[t + 1] += cnt[t]
+    ng = 0
+    for t in range(k * k):
+        if cnt[t + 1] > cnt[t]:
+            ng += 1
+    gstart = np.empty(ng + 1, dtype=np.int64)
+    g = 0
+    for t in range(k * k):
+        if cnt[t + 1] > cnt[t]:
+            gstart[g] = cnt[t]
+            g += 1
+    gstart[ng] = noff
+    nxt = cnt[:-1].copy()
+    perm = np.empty(noff, dtype=np.int64)
+    for p in range(nnz):
+        i = rows[p]
+        j = idx[p]
+        if i != j:
+            a = color[i]
+            b = color[j]
+            key = a * k + b if a < b else b * k + a
+            perm[nxt[key]] = p
+            nxt[key] += 1
+    return perm, gstart
+
+
+@njit(cache=True)
+def sort_steps_by_level(step_pos, step_pos_t, step_src, step_lvl, dep_ptr, dep_pos):
+    ns = step_pos.shape[0]
+    nlev = 0
+    for s in range(ns):
+        if step_lvl[s] + 1 > nlev:
+            nlev = step_lvl[s] + 1
+    level_ptr = np.zeros(nlev + 1, dtype=np.int64)
+    for s in range(ns):
+        level_ptr[step_lvl[s] + 1] += 1
+    for l in range(nlev):
+        level_ptr[l + 1] += level_ptr[l]
+    nxt = level_ptr[:-1].copy()
+    where = np.empty(ns, dtype=np.int64)
+    for s in range(ns):
+        l = step_lvl[s]
+        where[s] = nxt[l]
+        nxt[l] += 1
+    o_pos = np.empty(ns, dtype=np.int64)
+    o_pos_t = np.empty(ns, dtype=np.int64)
+    o_src = np.empty(ns, dtype=np.int64)
+    o_ptr = np.zeros(ns + 1, dtype=np.int64)
+    for s in range(ns):
+        w = where[s]
+        o_pos[w] = step_pos[s]
+        o_pos_t[w] = step_pos_t[s]
+        o_src[w] = step_src[s]
+        o_ptr[w + 1] = dep_ptr[s + 1] - dep_ptr[s]
+    for w in range(ns):
+        o_ptr[w + 1] += o_ptr[w]
+    nd = dep_pos.shape[0]
+    o_dep = np.empty(nd, dtype=np.int64)
+    o_step = np.empty(nd, dtype=np.int64)
+    for s in range(ns):
+        w = where[s]
+        q = o_ptr[w]
+        for d in range(dep_ptr[s], dep_ptr[s + 1]):
+            o_dep[q] = dep_pos[d]
+            o_step[q] = w
+            q += 1
+    return o_pos, o_pos_t, o_src, o_ptr, o_dep, o_step, level_ptr

@@ -28,20 +28,25 @@ __all__ = [
 _I = np.int64
 
 
+def _canon(A):
+    """Canonical int64 (indptr, indices) of a scipy CSR structure (values ignored)."""
+    import scipy.sparse as sp
+
+    A = sp.csr_array((np.ones(A.indices.shape[0], dtype=np.int8), A.indices, A.indptr), shape=A.shape)
+    if not A.has_canonical_format:
+        A.sum_duplicates()  # sorts indices, merges duplicates (structure kept even if values cancel)
+    return A.indptr.astype(_I, copy=True), A.indices.astype(_I, copy=True)
+
+
 def _from_coo(rows, cols, shape):
-    """Sorted, duplicate-free CSR structure from coordinate lists (vectorised)."""
+    """Sorted, duplicate-free CSR structure from coordinate lists."""
+    import scipy.sparse as sp
+
     m, n = int(shape[0]), int(shape[1])
     rows = np.asarray(rows, dtype=_I)
     cols = np.asarray(cols, dtype=_I)
-    if rows.size:
-        key = rows * max(n, 1) + cols
-        key = np.unique(key)
-        rows = key // max(n, 1)
-        cols = key - rows * max(n, 1)
-    indptr = np.zeros(m + 1, dtype=_I)
-    if rows.size:
-        np.cumsum(np.bincount(rows, minlength=m), out=indptr[1:])
-    return indptr, np.ascontiguousarray(cols, dtype=_I)
+    A = sp.coo_array((np.ones(rows.shape[0], dtype=np.int8), (rows, cols)), shape=(m, n)).tocsr()
+    return _canon(A)
 
 
 def canonical_csr(pattern):
@@ -49,30 +54,28 @@ def canonical_csr(pattern):
     import scipy.sparse as sp
 
     if sp.issparse(pattern):
-        coo = sp.coo_array(pattern)
-        if coo.ndim != 2:
-            raise ColoringError(f"pattern must be 2-D, got a {coo.ndim}-D sparse array")
-        shape = coo.shape
-        rows, cols = coo.coords if hasattr(coo, "coords") else (coo.row, coo.col)
-    else:
-        try:
-            arr = np.asarray(pattern)
-        except Exception as exc:  # pragma: no cover - exotic inputs
-            raise ColoringError(
-                f"cannot interpret {type(pattern).__name__} as a sparsity pattern; pass a "
-                "scipy.sparse array/matrix or a dense numpy bool array"
-            ) from exc
-        if arr.ndim != 2:
-            raise ColoringError(
-                f"pattern must be 2-D (a matrix), got shape {arr.shape}; reshape it or pass "
-                "the Jacobian/Hessian pattern as an (m, n) matrix"
-            )
-        if arr.dtype == object:
-            raise ColoringError("pattern has dtype object; pass a bool or numeric array")
-        shape = arr.shape
-        rows, cols = np.nonzero(arr)
-    indptr, indices = _from_coo(rows, cols, shape)
-    return indptr, indices, (int(shape[0]), int(shape[1]))
+        if pattern.ndim != 2:
+            raise ColoringError(f"pattern must be 2-D, got a {pattern.ndim}-D sparse array")
+        A = pattern if pattern.format == "csr" else sp.csr_array(pattern)
+        ptr, idx = _canon(A)
+        return ptr, idx, (int(A.shape[0]), int(A.shape[1]))
+    try:
+        arr = np.asarray(pattern)
+    except Exception as exc:  # pragma: no cover - exotic inputs
+        raise ColoringError(
+            f"cannot interpret {type(pattern).__name__} as a sparsity pattern; pass a "
+            "scipy.sparse array/matrix or a dense numpy bool array"
+        ) from exc
+    if arr.ndim != 2:
+        raise ColoringError(
+            f"pattern must be 2-D (a matrix), got shape {arr.shape}; reshape it or pass "
+            "the Jacobian/Hessian pattern as an (m, n) matrix"
+        )
+    if arr.dtype == object:
+        raise ColoringError("pattern has dtype object; pass a bool or numeric array")
+    rows, cols = np.nonzero(arr)
+    ptr, idx = _from_coo(rows, cols, arr.shape)
+    return ptr, idx, (int(arr.shape[0]), int(arr.shape[1]))
 
 
 def csr_rows(indptr):
@@ -82,38 +85,50 @@ def csr_rows(indptr):
 
 
 def transpose_csr(indptr, indices, shape):
-    """CSR structure of the transpose (i.e. the CSC structure of the input)."""
+    """CSR structure of the transpose (i.e. the CSC structure of the input) and, for every
+    transposed entry, the position of its source entry."""
     m, n = shape
-    rows = csr_rows(indptr)
-    order = np.argsort(indices, kind="stable")  # stable keeps rows sorted within a column
-    tptr = np.zeros(n + 1, dtype=_I)
-    np.cumsum(np.bincount(indices, minlength=n), out=tptr[1:])
-    return tptr, np.ascontiguousarray(rows[order]), order.astype(_I)
+    if len(indices) == 0:
+        return np.zeros(n + 1, dtype=_I), np.zeros(0, dtype=_I), np.zeros(0, dtype=_I)
+    from asd.coloring._graph_kernels import transpose
+
+    return transpose(indptr, indices, n)
+
+
+def symmetrize_with_tpos(indptr, indices, shape):
+    """Structure of ``A + A^T`` (square ``shape``) and its mirror positions ``tpos``."""
+    tptr, tidx, perm = transpose_csr(indptr, indices, shape)
+    if np.array_equal(tptr, indptr) and np.array_equal(tidx, indices):
+        # already symmetric: the transposed entry q = position of (j, i) comes from p = perm[q]
+        tpos = np.empty_like(perm)
+        tpos[perm] = np.arange(perm.shape[0], dtype=_I)
+        return indptr, indices, tpos
+    from asd.coloring._graph_kernels import union
+
+    sptr, sidx = union(indptr, indices, tptr, tidx)
+    return sptr, sidx, transpose_positions(sptr, sidx)
 
 
 def symmetrize(indptr, indices, shape):
     """Structure of ``A + A^T``; ``shape`` must be square."""
-    m, n = shape
-    rows = csr_rows(indptr)
-    r = np.concatenate([rows, indices])
-    c = np.concatenate([indices, rows])
-    return _from_coo(r, c, (m, n))
+    sptr, sidx, _ = symmetrize_with_tpos(indptr, indices, shape)
+    return sptr, sidx
 
 
 def is_structurally_symmetric(indptr, indices, shape) -> bool:
     if shape[0] != shape[1]:
         return False
-    sp_, si = symmetrize(indptr, indices, shape)
-    return len(si) == len(indices)
+    tptr, tidx, _ = transpose_csr(indptr, indices, shape)
+    return bool(np.array_equal(tptr, indptr) and np.array_equal(tidx, indices))
 
 
 def transpose_positions(indptr, indices):
     """For a structurally symmetric canonical CSR, ``tpos[p]`` = position of the mirror entry."""
-    rows = csr_rows(indptr)
-    order = np.lexsort((rows, indices))  # entries sorted by (col, row) = CSR order of A^T = A
-    tpos = np.empty_like(order)
-    tpos[order] = np.arange(order.shape[0], dtype=_I)
-    return tpos.astype(_I)
+    n = len(indptr) - 1
+    _, _, perm = transpose_csr(indptr, indices, (n, n))
+    tpos = np.empty_like(perm)
+    tpos[perm] = np.arange(perm.shape[0], dtype=_I)
+    return tpos
 
 
 def augmented(indptr, indices, shape):

@@ -31,9 +31,10 @@ def renumber(colors, keep):
     return out.astype(np.int64), int(keep.sum())
 
 
-def color_star(ptr, idx, shape, order, seed=0, postprocess=False) -> Coloring:
+def color_star(ptr, idx, shape, order, seed=0, postprocess=False, tpos=None) -> Coloring:
     n = shape[0]
-    tpos = transpose_positions(ptr, idx)
+    if tpos is None:
+        tpos = transpose_positions(ptr, idx)
     perm = vertex_order(order, n, False, ptr, idx, seed=seed)
     rows = csr_rows(ptr)
     if n == 0:

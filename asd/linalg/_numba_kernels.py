@@ -174,3 +174,12 @@ def product_triples(a_crow, a_col, b_crow, b_col, n_cols_b):
                 kc[t] = pos[b_col[pb]]
                 t += 1
     return c_crow, c_col, ka, kb, kc
+
+
+@njit(**_fast)
+def union_add(ia, va, alpha, ib, vb, beta, out):
+    out[:] = 0.0
+    for p in range(ia.shape[0]):
+        out[ia[p]] = alpha * va[p]
+    for p in range(ib.shape[0]):
+        out[ib[p]] += beta * vb[p]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Union
 
+import numpy as np
 import torch
 
 from asd.errors import InputError
+from asd.linalg import _kernels as K
 from asd.linalg._sparse import Pattern, check_dtypes, from_pattern, pattern_from_csr, values_of
 
 __all__ = ["add"]
@@ -61,7 +63,44 @@ def add(A: torch.Tensor, B: torch.Tensor, alpha: Scalar = 1, beta: Scalar = 1) -
         raise InputError(f"A is on {va.device} but B is on {vb.device}; move both to one device")
     check_dtypes(va, vb)
     PC, ia, ib = _union_plan(PA, PB)
-    vc = torch.zeros(PC.nnz, dtype=va.dtype, device=va.device)
-    vc = vc.index_add(0, ia, va, alpha=alpha) if not torch.is_tensor(alpha) else vc.index_add(0, ia, alpha * va)
-    vc = vc.index_add(0, ib, vb, alpha=beta) if not torch.is_tensor(beta) else vc.index_add(0, ib, beta * vb)
+    if torch.is_tensor(alpha) or torch.is_tensor(beta):     # differentiable scalars: plain torch
+        vc = torch.zeros(PC.nnz, dtype=va.dtype, device=va.device)
+        vc = vc.index_add(0, ia, alpha * va).index_add(0, ib, beta * vb)
+    else:
+        vc = _UnionAdd.apply(va, vb, PC, ia, ib, float(alpha), float(beta))
     return from_pattern(PC, vc)
+
+
+class _UnionAdd(torch.autograd.Function):
+    """``c[ia] = alpha a; c[ib] += beta b`` (indices unique per operand); backward is a gather."""
+
+    @staticmethod
+    def forward(ctx, va, vb, PC, ia, ib, alpha, beta):
+        ctx.save_for_backward(ia, ib)
+        ctx.ab = (alpha, beta)
+        if K._use_numba(va):
+            out = torch.empty(PC.nnz, dtype=va.dtype)
+            K._numba().union_add(PC_np(ia, PC, "ia"), va.detach().contiguous().numpy(), alpha,
+                                 PC_np(ib, PC, "ib"), vb.detach().contiguous().numpy(), beta,
+                                 out.numpy())
+            return out
+        out = torch.zeros(PC.nnz, dtype=va.dtype, device=va.device)
+        return out.index_add_(0, ia, va.detach(), alpha=alpha).index_add_(0, ib, vb.detach(), alpha=beta)
+
+    @staticmethod
+    def backward(ctx, g):
+        ia, ib = ctx.saved_tensors
+        alpha, beta = ctx.ab
+        ga = g[ia] * alpha if ctx.needs_input_grad[0] else None
+        gb = g[ib] * beta if ctx.needs_input_grad[1] else None
+        return ga, gb, None, None, None, None, None
+
+
+def PC_np(idx: torch.Tensor, PC: Pattern, name: str):
+    """Cached unsigned numpy view of a union map (kept on the result pattern)."""
+    key = "np_" + name
+    a = PC._cache.get(key)
+    if a is None:
+        a = idx.cpu().numpy().view(np.uint64)
+        PC._cache[key] = a
+    return a

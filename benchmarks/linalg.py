@@ -1,0 +1,379 @@
+"""Benchmark B4: sparse linear algebra of seed 004 (Table 2) at its sizes, forward and backward.
+
+Compares asd.linalg with scipy (forward), PyTorch's own sparse ops (forward and autograd), dense
+PyTorch where the dense matrix fits in memory, and torchsparsegradutils when it is importable
+(the Makefile's benchmark environment installs it).  One thread everywhere, like seed 004.
+
+    python benchmarks/linalg.py            # table + benchmarks/results/linalg.json
+    python benchmarks/linalg.py --quick    # fewer repeats, skips the slow peers and the 10^6 case
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import scipy  # noqa: E402
+import scipy.sparse as sp  # noqa: E402
+import scipy.sparse.linalg as spla  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import asd.linalg as al  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
+warnings.filterwarnings("ignore", message=".*Sparse invariant checks.*")
+torch.set_num_threads(1)
+
+try:
+    import torchsparsegradutils as tsgu
+except Exception:  # noqa: BLE001 - optional peer
+    tsgu = None
+
+DENSE_LIMIT_BYTES = 2 * 1024 ** 3          # dense peers run only when the dense matrix fits
+RESULTS: list[dict] = []
+
+
+def poisson_1d(n: int) -> sp.csr_array:
+    return sp.diags_array([-1.0, 2.0, -1.0], offsets=[-1, 0, 1], shape=(n, n), format="csr")
+
+
+def poisson_2d(k: int) -> sp.csr_array:
+    T = poisson_1d(k)
+    eye = sp.eye_array(k, format="csr")
+    return (sp.kron(T, eye) + sp.kron(eye, T)).tocsr()
+
+
+def to_torch(M, layout="csr", requires_grad=True) -> torch.Tensor:
+    M = M.tocsr()
+    M.sort_indices()
+    t = torch.sparse_csr_tensor(torch.from_numpy(M.indptr.astype(np.int64)),
+                                torch.from_numpy(M.indices.astype(np.int64)),
+                                torch.from_numpy(M.data.astype(np.float64)), M.shape)
+    if layout == "coo":
+        t = t.to_sparse_coo().coalesce()
+    return t.requires_grad_(requires_grad)
+
+
+def timeit(f, *, budget: float, max_reps: int = 2000, min_reps: int = 3) -> float:
+    """Median wall time of ``f`` in ms over repeated batches within ``budget`` seconds."""
+    t0 = time.perf_counter()
+    f()                                   # warm-up (compilation, caches)
+    one = time.perf_counter() - t0
+    if one < budget:
+        t0 = time.perf_counter()
+        f()
+        one = time.perf_counter() - t0
+    reps = int(max(min_reps, min(max_reps, budget / max(one, 1e-7) / 5)))
+    batch = max(1, reps // 5) if one < 0.01 else 1
+    samples = []
+    t_end = time.perf_counter() + budget
+    while len(samples) < 5 or (time.perf_counter() < t_end and len(samples) < reps):
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            f()
+        samples.append((time.perf_counter() - t0) / batch)
+        if one > budget:
+            break
+    return 1e3 * float(np.median(samples))
+
+
+def record(op, impl, phase, n, ms, note=""):
+    RESULTS.append(dict(op=op, impl=impl, phase=phase, n=n, ms=ms, note=note))
+    ms_s = f"{ms:10.4f}" if ms is not None else "       n/a"
+    print(f"{op:9s} {impl:26s} {phase:8s} n={n:<7d} {ms_s} ms  {note}", flush=True)
+
+
+def fwd_bwd(make_out, params, grad_out=None):
+    """A closure running forward + backward with fresh gradients each call."""
+    def run():
+        for p in params:
+            p.grad = None
+        y = make_out()
+        if y.layout != torch.strided:
+            y = y.values()
+        y.backward(grad_out if grad_out is not None and grad_out.shape == y.shape else torch.ones_like(y))
+    return run
+
+
+def guarded(op, impl, phase, n, f, budget, note=""):
+    try:
+        record(op, impl, phase, n, timeit(f, budget=budget), note)
+    except Exception as e:  # noqa: BLE001 - report peers that fail, keep going
+        record(op, impl, phase, n, None, f"fails: {type(e).__name__}: {str(e).splitlines()[0][:70]}")
+
+
+# ---- B4 cases ------------------------------------------------------------------------------
+def bench_spmv(n, budget, slow):
+    M = poisson_1d(n)
+    xn = np.random.default_rng(0).standard_normal(n)
+    record("spmv", "scipy", "fwd", n, timeit(lambda: M @ xn, budget=budget))
+    x = torch.from_numpy(xn.copy()).requires_grad_()
+    g = torch.randn(n, dtype=torch.float64)
+    for layout in ("csr", "coo"):
+        A = to_torch(M, layout)
+        with torch.no_grad():
+            record("spmv", f"asd {layout}", "fwd", n, timeit(lambda: al.matmul(A, x), budget=budget))
+        record("spmv", f"asd {layout}", "fwd+bwd", n,
+               timeit(fwd_bwd(lambda: al.matmul(A, x), [A, x], g), budget=budget))
+    A = to_torch(M, "csr")
+    x2 = x.detach().reshape(n, 1).requires_grad_()
+    with torch.no_grad():
+        record("spmv", "torch csr", "fwd", n, timeit(lambda: A @ x.detach(), budget=budget))
+    guarded("spmv", "torch csr (sparse.mm)", "fwd+bwd", n,
+            fwd_bwd(lambda: torch.sparse.mm(A, x2), [A, x2], g.reshape(n, 1)), budget)
+    Ac = to_torch(M, "coo")
+    with torch.no_grad():
+        record("spmv", "torch coo", "fwd", n, timeit(lambda: torch.sparse.mm(Ac, x2), budget=budget))
+    if slow:
+        guarded("spmv", "torch coo (sparse.mm)", "fwd+bwd", n,
+                fwd_bwd(lambda: torch.sparse.mm(Ac, x2), [Ac, x2], g.reshape(n, 1)), budget)
+    if tsgu is not None:
+        with torch.no_grad():
+            guarded("spmv", "torchsparsegradutils", "fwd", n, lambda: tsgu.sparse_mm(A, x2), budget)
+        guarded("spmv", "torchsparsegradutils", "fwd+bwd", n,
+                fwd_bwd(lambda: tsgu.sparse_mm(A, x2), [A, x2], g.reshape(n, 1)), budget)
+    dense_note(n, "spmv", "dense mv")
+
+
+def dense_note(n, op, what):
+    if n * n * 8 > DENSE_LIMIT_BYTES:
+        record(op, what, "fwd", n, None, f"dense {n}x{n} float64 ({n * n * 8 / 2**30:.1f} GiB) "
+                                          f"does not fit the {DENSE_LIMIT_BYTES / 2**30:.0f} GiB limit")
+        return False
+    return True
+
+
+def bench_add(n, budget):
+    M = poisson_1d(n)
+    M2 = sp.diags_array([1.0, 1.0], offsets=[-2, 2], shape=(n, n), format="csr")
+    record("add", "scipy", "fwd", n, timeit(lambda: M + M2, budget=budget))
+    for layout in ("csr", "coo"):
+        A, B = to_torch(M, layout), to_torch(M2, layout)
+        with torch.no_grad():
+            record("add", f"asd {layout}", "fwd", n, timeit(lambda: al.add(A, B), budget=budget))
+        record("add", f"asd {layout}", "fwd+bwd", n,
+               timeit(fwd_bwd(lambda: al.add(A, B), [A, B]), budget=budget))
+    A, B = to_torch(M, "csr"), to_torch(M2, "csr")
+    with torch.no_grad():
+        guarded("add", "torch csr", "fwd", n, lambda: A + B, budget)
+    guarded("add", "torch csr", "fwd+bwd", n, fwd_bwd(lambda: A + B, [A, B]), budget)
+    dense_note(n, "add", "dense add")
+
+
+def bench_spspmm(n, budget):
+    M = poisson_1d(n)
+    record("spspmm", "scipy", "fwd", n, timeit(lambda: M @ M, budget=budget))
+    for layout in ("csr", "coo"):
+        A, B = to_torch(M, layout), to_torch(M, layout)
+        with torch.no_grad():
+            record("spspmm", f"asd {layout}", "fwd", n, timeit(lambda: al.matmul(A, B), budget=budget))
+        record("spspmm", f"asd {layout}", "fwd+bwd", n,
+               timeit(fwd_bwd(lambda: al.matmul(A, B), [A, B]), budget=budget))
+    A, B = to_torch(M, "csr"), to_torch(M, "csr")
+    with torch.no_grad():
+        guarded("spspmm", "torch csr", "fwd", n, lambda: A @ B, budget)
+    guarded("spspmm", "torch csr", "fwd+bwd", n, fwd_bwd(lambda: A @ B, [A, B]), budget)
+
+
+def bench_spdmm(n, k, budget):
+    M = poisson_1d(n)
+    Xn = np.random.default_rng(1).standard_normal((n, k))
+    record("spdmm", "scipy", "fwd", n, timeit(lambda: M @ Xn, budget=budget), f"B dense {n}x{k}")
+    X = torch.from_numpy(Xn).requires_grad_()
+    G = torch.randn(n, k, dtype=torch.float64)
+    A = to_torch(M, "csr")
+    with torch.no_grad():
+        record("spdmm", "asd csr", "fwd", n, timeit(lambda: al.matmul(A, X), budget=budget), f"B dense {n}x{k}")
+    record("spdmm", "asd csr", "fwd+bwd", n, timeit(fwd_bwd(lambda: al.matmul(A, X), [A, X], G), budget=budget),
+           f"B dense {n}x{k}")
+    with torch.no_grad():
+        guarded("spdmm", "torch csr", "fwd", n, lambda: A @ X, budget, f"B dense {n}x{k}")
+    guarded("spdmm", "torch csr (sparse.mm)", "fwd+bwd", n,
+            fwd_bwd(lambda: torch.sparse.mm(A, X), [A, X], G), budget, f"B dense {n}x{k}")
+    if tsgu is not None:
+        guarded("spdmm", "torchsparsegradutils", "fwd+bwd", n,
+                fwd_bwd(lambda: tsgu.sparse_mm(A, X), [A, X], G), budget, f"B dense {n}x{k}")
+    if dense_note(n, "spdmm", "dense mm"):
+        Ad = torch.from_numpy(M.toarray()).requires_grad_()
+        record("spdmm", "dense mm", "fwd+bwd", n,
+               timeit(fwd_bwd(lambda: Ad @ X, [Ad, X], G), budget=budget), f"B dense {n}x{k}")
+        del Ad
+
+
+def bench_trsv(n, budget):
+    Ln = sp.tril(poisson_1d(n)).tocsr()
+    bn = np.random.default_rng(2).standard_normal(n)
+    record("trsv", "scipy spsolve_triangular", "fwd", n,
+           timeit(lambda: spla.spsolve_triangular(Ln, bn, lower=True), budget=budget))
+    b = torch.from_numpy(bn.copy()).requires_grad_()
+    g = torch.randn(n, dtype=torch.float64)
+    for layout in ("csr", "coo"):
+        L = to_torch(Ln, layout)
+        with torch.no_grad():
+            record("trsv", f"asd {layout}", "fwd", n, timeit(lambda: al.triangular_solve(L, b), budget=budget))
+        record("trsv", f"asd {layout}", "fwd+bwd", n,
+               timeit(fwd_bwd(lambda: al.triangular_solve(L, b), [L, b], g), budget=budget))
+    L = to_torch(Ln, "csr")
+    b2 = b.detach().reshape(n, 1).requires_grad_()
+    with torch.no_grad():
+        guarded("trsv", "torch csr triangular_solve", "fwd", n,
+                lambda: torch.triangular_solve(b2, L, upper=False), budget)
+    if tsgu is not None:
+        with torch.no_grad():
+            guarded("trsv", "torchsparsegradutils", "fwd", n,
+                    lambda: tsgu.sparse_triangular_solve(L, b2, upper=False), budget)
+        guarded("trsv", "torchsparsegradutils", "fwd+bwd", n,
+                fwd_bwd(lambda: tsgu.sparse_triangular_solve(L, b2, upper=False), [L, b2], g.reshape(n, 1)),
+                budget)
+    dense_note(n, "trsv", "dense triangular solve")
+
+
+# ---- 10^6 unknowns: memory proportional to the stored entries ---------------------------------
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def scale_case(kind: str, k: int, iters: int) -> dict:
+    """Run in a fresh process: peak-memory growth of one forward + backward at 10^6 unknowns."""
+    # warm up on a small system first, so that loading Numba's kernels is not counted
+    Aw = to_torch(poisson_2d(8), "csr")
+    xw = torch.ones(64, dtype=torch.float64, requires_grad=True)
+    al.matmul(Aw, xw).sum().backward()
+    al.solve(Aw, xw, "cg", maxiter=3, warn=False).sum().backward()
+    M = poisson_2d(k)
+    A = to_torch(M, "csr")
+    nnz = M.nnz
+    x = torch.randn(M.shape[0], dtype=torch.float64, requires_grad=True)
+    base = _rss_mb()
+    peak0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t0 = time.perf_counter()
+    if kind == "spmv":
+        y = al.matmul(A, x)
+    else:
+        y, info = al.solve(A, x, "cg", maxiter=iters, warn=False, return_info=True)
+    (y * y).sum().backward()
+    dt = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    extra = max(peak - max(base, peak0), 0.0) if peak > peak0 else max(_rss_mb() - base, 0.0)
+    ok = A.grad.layout == torch.sparse_csr and A.grad.values().numel() == nnz
+    return dict(kind=kind, n=M.shape[0], nnz=nnz, seconds=dt, extra_peak_mb=extra,
+                bytes_per_stored_entry=extra * 2**20 / nnz, grad_pattern_ok=bool(ok),
+                dense_gradient_would_need_gb=M.shape[0] ** 2 * 8 / 2**30,
+                cg_iterations=iters if kind == "cg" else None)
+
+
+def bench_scale(k, iters):
+    out = {}
+    for kind in ("spmv", "cg"):
+        cmd = [sys.executable, __file__, "--scale-case", kind, "--grid", str(k), "--cg-iters", str(iters)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+        line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+        if not line:
+            print(res.stderr[-2000:])
+            continue
+        r = json.loads(line[-1])
+        out[kind] = r
+        print(f"scale     {kind:26s} fwd+bwd  n={r['n']:<7d} {1e3 * r['seconds']:10.1f} ms  "
+              f"peak +{r['extra_peak_mb']:.0f} MB = {r['bytes_per_stored_entry']:.0f} B per stored entry "
+              f"(nnz {r['nnz']}), gradient pattern ok: {r['grad_pattern_ok']}", flush=True)
+    return out
+
+
+# ---- targets ------------------------------------------------------------------------------------
+def _ms(op, impl, phase):
+    for r in RESULTS:
+        if r["op"] == op and r["impl"] == impl and r["phase"] == phase:
+            return r["ms"]
+    return None
+
+
+def targets(scale) -> list[dict]:
+    rows = []
+
+    def ratio(name, num, den, goal, better):
+        a, b = num, den
+        if a is None or b is None:
+            rows.append(dict(target=name, value=None, goal=goal, met=None))
+            return
+        v = a / b
+        met = v <= goal if better == "le" else v >= goal
+        rows.append(dict(target=name, value=v, goal=goal, met=bool(met)))
+
+    f = _ms("spmv", "asd csr", "fwd")
+    fb = _ms("spmv", "asd csr", "fwd+bwd")
+    ratio("SpMV fwd: asd / scipy (<= 3)", f, _ms("spmv", "scipy", "fwd"), 3.0, "le")
+    ratio("SpMV fwd+bwd: torchsparsegradutils / asd (>= 3)", _ms("spmv", "torchsparsegradutils", "fwd+bwd"), fb, 3.0, "ge")
+    ratio("SpMV fwd+bwd: torch CSR autograd / asd (>= 3)", _ms("spmv", "torch csr (sparse.mm)", "fwd+bwd"), fb, 3.0, "ge")
+    ratio("SpMV fwd+bwd: torch COO autograd / asd (>= 3)", _ms("spmv", "torch coo (sparse.mm)", "fwd+bwd"), fb, 3.0, "ge")
+    ratio("SpMV fwd: asd / seed-004 0.141 ms (<= 1)", f, 0.141, 1.0, "le")
+    ratio("SpMV bwd: asd (fwd+bwd - fwd) / seed-004 0.595 ms (<= 1)",
+          (fb - f) if fb and f else None, 0.595, 1.0, "le")
+    tf = _ms("trsv", "asd csr", "fwd")
+    ratio("TRSV fwd: asd / scipy spsolve_triangular (< 1)", tf, _ms("trsv", "scipy spsolve_triangular", "fwd"), 1.0, "le")
+    ratio("TRSV fwd+bwd: asd / torchsparsegradutils (< 1)", _ms("trsv", "asd csr", "fwd+bwd"),
+          _ms("trsv", "torchsparsegradutils", "fwd+bwd"), 1.0, "le")
+    for kind, r in (scale or {}).items():
+        rows.append(dict(target=f"10^6-unknown {kind} backward: bytes of peak growth per stored entry",
+                         value=r["bytes_per_stored_entry"], goal="O(1) (dense gradient: "
+                         f"{r['dense_gradient_would_need_gb']:.0f} GiB)", met=bool(r["grad_pattern_ok"]
+                         and r["bytes_per_stored_entry"] < 400)))
+    print("\nTargets")
+    for r in rows:
+        v = "n/a" if r["value"] is None else f"{r['value']:.3g}"
+        met = {None: "not measured", True: "met", False: "NOT met"}[r["met"]]
+        print(f"  {r['target']:72s} {v:>8s}  {met}")
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short timing budget, skip slow peers and 10^6 case")
+    ap.add_argument("--budget", type=float, default=None, help="seconds of timing per measurement")
+    ap.add_argument("--grid", type=int, default=1000, help="2-D Poisson grid side for the scale case")
+    ap.add_argument("--cg-iters", type=int, default=50, help="CG iterations (forward and adjoint) in the scale case")
+    ap.add_argument("--spdmm-cols", type=int, default=256, help="columns of the dense operand of SpDMM")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "linalg.json"))
+    ap.add_argument("--scale-case", choices=["spmv", "cg"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.scale_case:
+        print(json.dumps(scale_case(args.scale_case, args.grid, args.cg_iters)))
+        return
+    budget = args.budget or (0.3 if args.quick else 1.5)
+    print(f"asd.linalg benchmark (B4), 1 thread, torch {torch.__version__}, scipy {scipy.__version__}, "
+          f"torchsparsegradutils {'absent' if tsgu is None else getattr(tsgu, '__version__', 'present')}")
+    bench_spmv(32768, budget, slow=not args.quick)
+    bench_add(32768, budget)
+    bench_trsv(32768, budget)
+    bench_spspmm(16384, budget)
+    bench_spdmm(16384, args.spdmm_cols, budget)
+    scale = {} if args.quick else bench_scale(args.grid, args.cg_iters)
+    rows = targets(scale)
+    out = dict(machine=dict(platform=platform.platform(), processor=platform.processor(),
+                            python=platform.python_version(), torch=torch.__version__,
+                            scipy=scipy.__version__, threads=1,
+                            torchsparsegradutils=None if tsgu is None else getattr(tsgu, "__version__", "present")),
+               units="ms per call (median)", results=RESULTS, scale=scale, targets=rows)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

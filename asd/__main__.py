@@ -1,0 +1,26 @@
+"""``python -m asd demo | bench | figures``."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = argv.pop(0) if argv else "demo"
+    if cmd == "demo":
+        from .demo import main as run
+    elif cmd == "bench":
+        from .bench import main as run
+    elif cmd == "figures":
+        from .demo import save_figure
+
+        def run(args):
+            print(save_figure(args[0] if args else "figures"))
+    else:
+        sys.exit(f"unknown command {cmd!r}; use one of: demo, bench, figures")
+    run(argv)
+
+
+if __name__ == "__main__":
+    main()

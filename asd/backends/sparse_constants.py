@@ -1,0 +1,112 @@
+"""Constant torch sparse matrices inside functions evaluated under ``torch.func`` transforms.
+
+``torch.func.vmap`` has no batching rules for sparse tensors, so ``A @ u`` with a constant CSR or
+COO ``A`` fails inside a batched JVP/VJP/HVP. While :class:`SparseConstantMode` is active, such
+products are routed through :class:`SparseMatmul`, an ``autograd.Function`` with a JVP, a
+backward (itself a sparse product, so it is differentiable again) and a vmap rule that turns the
+batch of vectors into one sparse-times-dense-matrix product.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+_TRANSPOSES: "weakref.WeakKeyDictionary[torch.Tensor, torch.Tensor]" = weakref.WeakKeyDictionary()
+
+
+def is_sparse(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.layout in _SPARSE
+
+
+def _transpose(A: torch.Tensor) -> torch.Tensor:
+    """``A^T`` in ``A``'s layout family, computed once per matrix."""
+    At = _TRANSPOSES.get(A)
+    if At is None:
+        if A.layout == torch.sparse_coo:
+            At = A.t().coalesce()
+        else:
+            At = A.to_sparse_coo().t().coalesce().to_sparse_csr()
+        _TRANSPOSES[A] = At
+    return At
+
+
+def _product(A: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    if u.dim() == 1:
+        return torch.mv(A, u)
+    return torch.mm(A, u)
+
+
+class Constant:
+    """Holds a sparse matrix so that ``torch.func`` transforms do not try to wrap it."""
+
+    __slots__ = ("A",)
+
+    def __init__(self, A: torch.Tensor):
+        self.A = A
+
+    @property
+    def T(self) -> "Constant":
+        return Constant(_transpose(self.A))
+
+
+class SparseMatmul(torch.autograd.Function):
+    """``A @ u`` for a constant sparse 2-D ``A`` (held by a :class:`Constant`) and a dense ``u``."""
+
+    @staticmethod
+    def forward(c: Constant, u):
+        return _product(c.A, u)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.c = inputs[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, SparseMatmul.apply(ctx.c.T, grad)
+
+    @staticmethod
+    def jvp(ctx, c_t, u_t):
+        return SparseMatmul.apply(ctx.c, u_t)
+
+    @staticmethod
+    def vmap(info, in_dims, c, u):
+        u_dim = in_dims[1]
+        if u_dim is None:
+            return SparseMatmul.apply(c, u), None
+        u = u.movedim(u_dim, -1)  # (k, [p,] B)
+        shape = u.shape
+        out = SparseMatmul.apply(c, u.reshape(shape[0], -1))
+        return out.reshape((c.A.shape[0],) + tuple(shape[1:])), len(shape) - 1
+
+
+def sparse_matmul(A: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``A @ u`` for a constant sparse ``A``, usable under ``vmap``/``jvp``/``grad``."""
+    return SparseMatmul.apply(Constant(A), u)
+
+
+_MATMUL_NAMES = {"matmul", "__matmul__", "mm", "mv", "smm"}
+
+
+class SparseConstantMode(TorchFunctionMode):
+    """Routes ``A @ u`` with a constant sparse ``A`` through :class:`SparseMatmul`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if len(args) == 2 and not kwargs:
+            a, b = args
+            if name in _MATMUL_NAMES and is_sparse(a) and a.dim() == 2 and not is_sparse(b) and b.dim() in (1, 2):
+                return sparse_matmul(a, b)
+            if name in ("matmul", "__matmul__") and is_sparse(b) and b.dim() == 2 \
+                    and not is_sparse(a) and a.dim() in (1, 2):
+                # u @ A = (A^T @ u^T)^T
+                if a.dim() == 1:
+                    return sparse_matmul(_transpose(b), a)
+                return sparse_matmul(_transpose(b), a.mT).mT
+        if name == "addmm" and len(args) >= 3 and is_sparse(args[1]) and not kwargs:
+            return args[0] + sparse_matmul(args[1], args[2])
+        return func(*args, **kwargs)

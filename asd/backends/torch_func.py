@@ -1,0 +1,120 @@
+"""Batched Jacobian- and Hessian-vector products through ``torch.func``.
+
+One :class:`Products` object evaluates a function's compressed derivative for a fixed batch of
+seed vectors: ``vmap`` over ``jvp`` (forward, one column per seed), over the pullback of one
+``vjp`` (reverse, one row per seed), or over ``jvp`` of ``grad`` (Hessian-vector products,
+forward-over-reverse) or ``vjp`` of ``jvp`` (reverse-over-forward). Seeds are processed in chunks
+of ``batch_size`` to bound memory, and the whole batched evaluation can go through
+``torch.compile`` (one compilation per shape, eager fallback with a warning when it fails).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+from torch.func import grad, jvp, vjp, vmap
+
+from ..errors import InputError
+from .sparse_constants import SparseConstantMode
+
+KINDS = ("jvp", "vjp", "hvp", "hvp_rev")
+
+
+def flatten_function(f: Callable, shape: torch.Size) -> Callable:
+    """``f`` as a function of a flat vector returning a flat vector."""
+
+    def g(v: torch.Tensor) -> torch.Tensor:
+        y = f(v.reshape(shape))
+        if not isinstance(y, torch.Tensor):
+            raise InputError(f"the function returned {type(y).__name__}; it must return a tensor")
+        return y.reshape(-1)
+
+    return g
+
+
+def scalar_function(f: Callable, shape: torch.Size) -> Callable:
+    """``f`` as a function of a flat vector returning a 0-d tensor."""
+
+    def g(v: torch.Tensor) -> torch.Tensor:
+        y = f(v.reshape(shape))
+        if not isinstance(y, torch.Tensor) or y.numel() != 1:
+            raise InputError("a Hessian needs a function returning a tensor with exactly one element")
+        return y.reshape(())
+
+    return g
+
+
+def _batched(kind: str, g: Callable) -> Callable:
+    if kind == "jvp":
+        def run(x, seeds):
+            return vmap(lambda s: jvp(g, (x,), (s,))[1])(seeds)
+    elif kind == "vjp":
+        def run(x, seeds):
+            _, pull = vjp(g, x)
+            return vmap(lambda s: pull(s)[0])(seeds)
+    elif kind == "hvp":
+        dg = grad(g)
+
+        def run(x, seeds):
+            return vmap(lambda s: jvp(dg, (x,), (s,))[1])(seeds)
+    elif kind == "hvp_rev":
+        def run(x, seeds):
+            def hv(s):
+                return grad(lambda v: jvp(g, (v,), (s,))[1])(x)
+            return vmap(hv)(seeds)
+    else:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return run
+
+
+class Products:
+    """Compressed derivative products of ``g`` (flat in, flat out) for batches of seeds.
+
+    Parameters
+    ----------
+    g
+        The flattened function (see :func:`flatten_function` / :func:`scalar_function`).
+    kind
+        ``"jvp"``, ``"vjp"``, ``"hvp"`` (forward-over-reverse) or ``"hvp_rev"``.
+    batch_size
+        Seeds per batched call; ``None`` evaluates all seeds in one call.
+    compile
+        Run the batched evaluation through ``torch.compile``.
+    """
+
+    def __init__(self, g: Callable, kind: str, *, batch_size: int | None = None, compile: bool = False):
+        if batch_size is not None and batch_size < 1:
+            raise InputError(f"batch_size must be a positive integer or None, got {batch_size}")
+        self.kind = kind
+        self.batch_size = batch_size
+        self._eager = _batched(kind, g)
+        self._compiled = None
+        self.compile = compile
+        self.compile_failed: str | None = None
+        if compile:
+            self._compiled = torch.compile(self._eager, dynamic=False)
+
+    def _run(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        if self._compiled is not None:
+            try:
+                with SparseConstantMode():
+                    return self._compiled(x, seeds)
+            except Exception as exc:  # noqa: BLE001 - any compiler failure falls back to eager
+                self.compile_failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                self._compiled = None
+                warnings.warn(f"asd: torch.compile failed ({self.compile_failed}); evaluating eagerly",
+                              RuntimeWarning, stacklevel=3)
+        with SparseConstantMode():
+            return self._eager(x, seeds)
+
+    def __call__(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        """Products for every row of ``seeds`` (shape ``(k, len)``), stacked along dim 0."""
+        k = seeds.shape[0]
+        if k == 0:
+            return seeds.new_zeros((0,))
+        if self.batch_size is None or k <= self.batch_size:
+            return self._run(x, seeds)
+        parts = [self._run(x, seeds[i:i + self.batch_size]) for i in range(0, k, self.batch_size)]
+        return torch.cat(parts)

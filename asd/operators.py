@@ -1,0 +1,210 @@
+"""Prepared sparse derivative operators and the pattern cache.
+
+A prepared operator holds everything that does not depend on the input's values: the sparsity
+pattern, the coloring with its decompression plan, the seed matrices and the index tensors on the
+input's device. Calling it runs only the batched derivative products and one decompression.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .backends.torch_func import Products, flatten_function
+from .decompression import Decompressor
+from .detection.jacobian import check_input
+from .errors import InputError
+
+JACOBIAN_COLORINGS = ("column", "row", "bidirectional")
+MODES = ("auto", "forward", "reverse")
+
+
+def seed_matrix(colors: np.ndarray, ncolors: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Seeds as rows: ``S[c, j] = 1`` where ``colors[j] == c`` (negative colors are not seeded)."""
+    colors_t = torch.as_tensor(np.asarray(colors, dtype=np.int64))
+    S = torch.zeros((ncolors, len(colors_t)), dtype=dtype)
+    j = torch.nonzero(colors_t >= 0).reshape(-1)
+    S[colors_t[j], j] = 1
+    return S.to(device)
+
+
+def _check_call_input(x, shape, dtype, device, what: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise InputError(f"{what} expects a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != tuple(shape):
+        raise InputError(f"{what} was prepared for inputs of shape {tuple(shape)}, got {tuple(x.shape)}; "
+                         "prepare a new operator for this shape")
+    if x.dtype != dtype:
+        raise InputError(f"{what} was prepared for dtype {dtype}, got {x.dtype}; convert with x.to({dtype})")
+    if x.device != device:
+        raise InputError(f"{what} was prepared for device {device}, got {x.device}; move x with x.to('{device}')")
+
+
+class SparseJacobian:
+    """A reusable sparse Jacobian of ``f`` for inputs shaped like ``x``.
+
+    Parameters
+    ----------
+    f
+        Function of one tensor returning one tensor.
+    x
+        Example input: fixes shape, dtype and device (and, with ``local=True``, the point at which
+        the pattern is detected).
+    mode
+        ``"forward"`` (column coloring, batched JVPs), ``"reverse"`` (row coloring, batched VJPs)
+        or ``"auto"`` (the one with fewer colors; reverse on a tie, as one VJP batch shares one
+        forward pass).
+    coloring
+        Overrides ``mode`` with an explicit problem: ``"column"``, ``"row"`` or ``"bidirectional"``
+        (rows and columns together, one batch of JVPs plus one of VJPs).
+    order
+        Vertex order of the greedy coloring (see :data:`asd.coloring.ORDERS`, or ``"best"``).
+    batch_size
+        Colors per batched call (bounds memory); ``None`` evaluates all colors at once.
+    compile
+        Evaluate through ``torch.compile`` (falls back to eager with a warning if it fails).
+    local
+        Detect the pattern at ``x`` with its values (valid at that point only).
+    strict
+        Raise on ops without a sparsity rule instead of tracing them conservatively.
+    pattern
+        A known sparsity pattern (anything ``scipy.sparse.csr_array`` accepts); skips detection.
+
+    Attributes
+    ----------
+    pattern : scipy.sparse.csr_array
+    coloring : asd.Coloring
+    ncolors : int
+    mode : str
+    timings : dict
+        Seconds spent in ``detection`` and ``coloring`` while preparing.
+    """
+
+    def __init__(self, f: Callable, x: torch.Tensor, *, mode: str = "auto", coloring: str | None = None,
+                 order: str = "natural", batch_size: int | None = None, compile: bool = False,
+                 local: bool = False, strict: bool = False, pattern=None):
+        from .coloring import color
+        from .detection.jacobian import jacobian_sparsity
+
+        check_input(x)
+        if mode not in MODES:
+            raise InputError(f"mode must be one of {MODES}, got {mode!r}")
+        if coloring is not None and coloring not in JACOBIAN_COLORINGS:
+            raise InputError(f"a Jacobian coloring must be one of {JACOBIAN_COLORINGS}, got {coloring!r}")
+        self.f = f
+        self.shape = tuple(x.shape)
+        self.dtype = x.dtype
+        self.device = x.device
+        self.timings: dict[str, float] = {}
+
+        t0 = time.perf_counter()
+        if pattern is None:
+            pattern = jacobian_sparsity(f, x, local=local, strict=strict)
+        else:
+            pattern = sp.csr_array(pattern, dtype=bool)
+            if pattern.shape[1] != x.numel():
+                raise InputError(f"the given pattern has {pattern.shape[1]} columns but x has {x.numel()} elements")
+        self.pattern = pattern
+        t1 = time.perf_counter()
+        self.timings["detection"] = t1 - t0
+
+        if coloring is None:
+            if mode == "forward":
+                coloring = "column"
+            elif mode == "reverse":
+                coloring = "row"
+        if coloring is None:  # auto
+            col = color(pattern, "column", order=order)
+            row = color(pattern, "row", order=order)
+            result = col if col.ncolors < row.ncolors else row
+        else:
+            result = color(pattern, coloring, order=order)
+        self.coloring = result
+        self.timings["coloring"] = time.perf_counter() - t1
+        self.mode = {"column": "forward", "row": "reverse", "bidirectional": "bidirectional"}[result.problem]
+
+        g = flatten_function(f, x.shape)
+        kw = dict(batch_size=batch_size, compile=compile)
+        if result.problem == "column":
+            self._seeds = [("jvp", seed_matrix(result.colors, result.ncolors, x.dtype, x.device))]
+        elif result.problem == "row":
+            self._seeds = [("vjp", seed_matrix(result.colors, result.ncolors, x.dtype, x.device))]
+        else:
+            row_colors, col_colors = result.colors
+            nr, nc = result.nrow_colors, result.ncol_colors
+            self._seeds = [("jvp", seed_matrix(col_colors, nc, x.dtype, x.device)),
+                           ("vjp", seed_matrix(row_colors, nr, x.dtype, x.device))]
+        self._products = {kind: Products(g, kind, **kw) for kind, _ in self._seeds}
+        self._decompress = Decompressor(result, x.device)
+
+    @property
+    def ncolors(self) -> int:
+        """Number of batched products (JVPs + VJPs) per evaluation."""
+        return int(self.coloring.ncolors)
+
+    def compressed(self, x: torch.Tensor) -> torch.Tensor:
+        """The flat compressed product (batch-first layout of the coloring's plan)."""
+        _check_call_input(x, self.shape, self.dtype, self.device, "this SparseJacobian")
+        xf = x.reshape(-1)
+        parts = []
+        for kind, seeds in self._seeds:
+            if seeds.shape[0]:
+                parts.append(self._products[kind](xf, seeds).reshape(-1))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The Jacobian at ``x`` as a ``torch.sparse_csr`` tensor of shape ``(f(x).numel(), x.numel())``."""
+        return self._decompress(self.compressed(x))
+
+    def values(self, x: torch.Tensor) -> torch.Tensor:
+        """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure."""
+        return self._decompress.values(self.compressed(x))
+
+    def __repr__(self) -> str:
+        m, n = self.pattern.shape
+        return (f"SparseJacobian(shape=({m}, {n}), nnz={self.pattern.nnz}, mode={self.mode!r}, "
+                f"ncolors={self.ncolors})")
+
+
+class PatternCache:
+    """A bounded LRU cache of prepared operators keyed on the function and the input's metadata."""
+
+    def __init__(self, maxsize: int = 32):
+        self.maxsize = maxsize
+        self._data: OrderedDict = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get_or_create(self, key, create: Callable):
+        try:
+            op = self._data.pop(key)
+            self.hits += 1
+        except KeyError:
+            self.misses += 1
+            op = create()
+        except TypeError:  # unhashable option: no caching
+            self.misses += 1
+            return create()
+        self._data[key] = op
+        while len(self._data) > self.maxsize:
+            self._data.popitem(last=False)
+        return op
+
+    def clear(self) -> None:
+        self._data.clear()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+CACHE = PatternCache()
+
+
+def cache_key(kind: str, f: Callable, x: torch.Tensor, options: dict):
+    return (kind, f, tuple(x.shape), x.dtype, str(x.device), tuple(sorted(options.items())))

@@ -1,0 +1,72 @@
+"""The standard benchmark problems of ``shared/design/PEERS.md``, as plain PyTorch functions."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def brusselator(N: int, alpha: float = 10.0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """B1: the 2-D Brusselator residual on an N x N periodic grid, x = [u; v] flattened (n = 2 N^2)."""
+    h2 = (1.0 / (N - 1)) ** 2
+
+    def lap(w: torch.Tensor) -> torch.Tensor:
+        return (torch.roll(w, 1, 0) + torch.roll(w, -1, 0) + torch.roll(w, 1, 1) + torch.roll(w, -1, 1) - 4 * w) / h2
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        u, v = x.reshape(2, N, N)
+        uuv = u * u * v
+        du = 1 + uuv - 4.4 * u + alpha * lap(u)
+        dv = 3.4 * u - uuv + alpha * lap(v)
+        return torch.stack([du, dv]).reshape(-1)
+
+    f.__name__ = f"brusselator_{N}"
+    return f
+
+
+def brusselator_input(N: int, dtype=torch.float64, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(2 * N * N, dtype=dtype, generator=g)
+
+
+def conv_layer(case: str = "a", dtype=torch.float64, seed: int = 0):
+    """B2: a convolution layer as a function of its input. ``case`` "a": 1x1x28x28 with one 5x5
+    filter, no padding (576 x 784); "b": 1x3x64x64, 8 output channels, 3x3, padding 1."""
+    g = torch.Generator().manual_seed(seed)
+    if case == "a":
+        w = torch.randn(1, 1, 5, 5, dtype=dtype, generator=g)
+        x = torch.randn(1, 1, 28, 28, dtype=dtype, generator=g)
+        pad = 0
+    elif case == "b":
+        w = torch.randn(8, 3, 3, 3, dtype=dtype, generator=g)
+        x = torch.randn(1, 3, 64, 64, dtype=dtype, generator=g)
+        pad = 1
+    else:
+        raise ValueError("case must be 'a' or 'b'")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv2d(x, w, padding=pad)
+
+    f.__name__ = f"conv_{case}"
+    return f, x
+
+
+def rosenbrock(x: torch.Tensor) -> torch.Tensor:
+    """B3: the chained Rosenbrock function (tridiagonal Hessian)."""
+    return (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum()
+
+
+def total_variation(N: int, eps: float = 1e-2) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A smoothed 2-D total variation of an N x N image (Hessian: 3 x 3 stencils)."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        u = x.reshape(N, N)
+        dx = u[1:, :-1] - u[:-1, :-1]
+        dy = u[:-1, 1:] - u[:-1, :-1]
+        return torch.sqrt(dx * dx + dy * dy + eps * eps).sum() + 0.5 * (x * x).sum()
+
+    f.__name__ = f"total_variation_{N}"
+    return f
+
+

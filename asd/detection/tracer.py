@@ -197,6 +197,46 @@ def _mutated_args(func) -> list[int]:
     return [j for j, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
 
 
+# Ops whose output shapes do not depend on the values of their floating-point operands but that
+# have no meta kernel: under global tracing they run on zeros in place of the unknown values.
+_SHAPE_NEEDS_NO_DATA = {aten.masked_select.default, aten.linalg_lstsq.default}
+
+# Ops that update running statistics in place as a side effect (batch norm in training mode). The
+# update is not part of the op's result, so it runs on private copies: tracing leaves the user's
+# buffers untouched, and the buffers need not be traced.
+_STAT_UPDATES = {op for name in ("native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update",
+                                 "batch_norm_update_stats", "cudnn_batch_norm", "miopen_batch_norm")
+                 if hasattr(aten, name) for op in [getattr(aten, name)] for op in
+                 [getattr(op, o) for o in op.overloads()]}
+_STAT_NAMES = ("running_mean", "running_var")
+
+
+def _private_stats(func, pargs, pkwargs):
+    names = [a.name for a in func._schema.arguments]
+    pargs = list(pargs)
+    for i, a in enumerate(pargs):
+        if i < len(names) and names[i] in _STAT_NAMES and isinstance(a, torch.Tensor):
+            pargs[i] = a.clone()
+    pkwargs = {k: (v.clone() if k in _STAT_NAMES and isinstance(v, torch.Tensor) else v) for k, v in pkwargs.items()}
+    return tuple(pargs), pkwargs
+
+
+def _run_on_zeros(func, flat, spec):
+    def real(a):
+        if isinstance(a, TracedTensor):
+            a = a.primal
+        if isinstance(a, torch.Tensor) and a.is_meta:
+            if a.dtype.is_floating_point or a.is_complex():
+                return torch.zeros(a.shape, dtype=a.dtype)
+            raise TracingError(f"{func} depends on the values of an integer or boolean tensor computed "
+                               "from the input; pass local=True to trace at a point")
+        return a
+
+    a, k = tree_unflatten([real(t) for t in flat], spec)
+    out = func(*a, **k)
+    return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, out)
+
+
 # Ops answered by the tracer itself, before any rule.
 _SCALAR_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 
@@ -308,16 +348,23 @@ class Tracer:
 
         pflat = [unwrap(a) for a in flat]
         pargs, pkwargs = tree_unflatten(pflat, spec)
+        if any_meta and pkwargs.get("device") is not None:
+            pkwargs["device"] = torch.device("meta")  # e.g. x.to("cpu", copy=True) on a meta primal
+        if func in _STAT_UPDATES:
+            pargs, pkwargs = _private_stats(func, pargs, pkwargs)
         try:
             pout = func(*pargs, **pkwargs)
         except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
-            if any_meta:
+            if any_meta and func in _SHAPE_NEEDS_NO_DATA:
+                pout = _run_on_zeros(func, flat, spec)
+            elif any_meta:
                 raise TracingError(
                     f"{func} cannot be traced without values under global tracing "
                     f"({str(exc).splitlines()[0][:200]}); "
                     "its output shape or result depends on data. Pass local=True to trace at a point."
                 ) from exc
-            raise
+            else:
+                raise
 
         outs_flat, out_spec = tree_flatten(pout)
         out_tensors = [o for o in outs_flat if isinstance(o, torch.Tensor)]
@@ -392,7 +439,7 @@ class Tracer:
                 if isinstance(t, TracedTensor):
                     if any_meta:
                         t._storage.make_meta()
-                elif isinstance(t, torch.Tensor):
+                elif isinstance(t, torch.Tensor) and not (func in _STAT_UPDATES and name in _STAT_NAMES):
                     raise TracingError(
                         f"{func} writes traced values into a tensor created outside the traced "
                         "function; create that buffer inside the function (e.g. torch.zeros_like(x))"

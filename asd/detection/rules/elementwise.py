@@ -125,8 +125,7 @@ PIECEWISE_LINEAR = aten_ops(
 )
 LINEAR = aten_ops(
     "add", "add_", "sub", "sub_", "rsub", "neg", "neg_", "positive", "_to_copy", "conj_physical",
-    "_conj_physical", "real", "imag", "deg2rad", "rad2deg", "frac", "lerp", "lerp_", "view_as_real",
-    "view_as_complex", "_to_dense", "to_dense", "_neg_view", "_conj", "resolve_conj", "resolve_neg",
+    "_conj_physical", "real", "imag", "deg2rad", "rad2deg", "frac", "lerp", "lerp_", "_to_dense", "to_dense", "_neg_view", "_conj", "resolve_conj", "resolve_neg",
 )
 BILINEAR = aten_ops("mul", "mul_", "addcmul", "addcmul_", "prelu", "_prelu_kernel")
 NONLINEAR_NARY = aten_ops("addcdiv", "addcdiv_")
@@ -134,14 +133,14 @@ ZERO = aten_ops(
     "eq", "ne", "lt", "le", "gt", "ge", "eq_", "ne_", "lt_", "le_", "gt_", "ge_", "sign", "sign_",
     "sgn", "floor", "floor_", "ceil", "ceil_", "round", "round_", "trunc", "trunc_", "fix",
     "isnan", "isinf", "isfinite", "isposinf", "isneginf", "isreal", "signbit", "heaviside",
-    "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and", "bitwise_or",
+    "logical_and", "logical_or", "logical_xor", "logical_not", "logical_not_", "logical_and_", "logical_or_", "logical_xor_", "frexp", "bitwise_and", "bitwise_or",
     "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "floor_divide",
     "argmax", "argmin", "any", "all", "count_nonzero", "nonzero", "nonzero_static", "argsort",
     "searchsorted", "bucketize", "histc", "bincount", "isin", "zeros_like", "ones_like", "full_like",
     "empty_like", "rand_like", "randn_like", "randint_like", "new_zeros", "new_ones", "new_full",
     "new_empty", "new_empty_strided", "empty_strided", "bernoulli", "bernoulli_", "uniform_",
     "normal_", "random_", "exponential_", "geometric_", "log_normal_", "dropout_mask",
-    "is_same_size", "_is_all_true", "_is_any_true", "allclose", "isclose", "nextafter",
+    "is_same_size", "_is_all_true", "_is_any_true", "allclose", "isclose",
     "unique_consecutive", "_unique2", "unique_dim", "detach_", "cauchy_",
 )
 
@@ -153,7 +152,7 @@ register_rule(BILINEAR, broadcast_union, second_order="bilinear", family="elemen
 register_rule(ZERO, zero, second_order="zero", family="elementwise")
 register_rule(aten_ops("div", "div_", "true_divide"), div_rule, second_order="nonlinear",
               family="elementwise")
-register_rule(aten_ops("copysign", "copysign_"), _skipping("other"), second_order="linear",
+register_rule(aten_ops("copysign", "copysign_", "nextafter", "nextafter_"), _skipping("other"), second_order="linear",
               family="elementwise")
 register_rule([torch.ops.aten.max.other, torch.ops.aten.min.other], broadcast_union, second_order="linear",
               family="elementwise")

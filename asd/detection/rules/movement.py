@@ -115,16 +115,43 @@ def movement(call: Call) -> list:
     try:
         res = run_on_ids(call)
     except _UnknownSelector:
-        raise TracingError(
-            f"{call.func} selects elements with indices computed from the input; under global "
-            "tracing their values are unknown. Pass local=True to trace at a point."
-        ) from None
+        return unknown_selection(call)
     if res is None:
         from .fallback import conservative
 
         call.tracer._unsupported(call.func)
         return conservative(call)
     return res
+
+
+def unknown_selection(call: Call) -> list:
+    """Indices computed from the input (unknown under global tracing): the output shape is known,
+    so every output element may read any element the indices could select. ``gather`` and
+    ``take_along_dim`` select along one dim; other ops may select anything."""
+    b = call.bound()
+    name = call.func.overloadpacket.__name__
+    if name in ("gather", "take_along_dim") and b.get("dim") is not None:
+        from .reductions import group_ids
+
+        x = b["self"]
+        s = call.sets(x)
+        if s is None:
+            return [None] * len(call.outs)
+        d = b["dim"] % max(x.dim(), 1)
+        groups, ngroups = group_ids(tuple(x.shape), [d])
+        u = S.gather_union(s, groups, np.arange(x.numel()), ngroups)
+        out = call.outs[0]
+        oshape = list(out.shape)
+        kept = [1 if i == d else sz for i, sz in enumerate(x.shape)]
+        # output position -> group of the same coordinates outside ``dim`` (index may be smaller)
+        pos = torch.arange(ngroups, dtype=torch.int64).reshape(kept)
+        idx = [torch.arange(oshape[i]) if i != d else torch.zeros(1, dtype=torch.int64) for i in range(len(oshape))]
+        og = pos[torch.meshgrid(*idx, indexing="ij")] if oshape else pos
+        og = og.expand(oshape).reshape(-1).numpy()
+        return [S.take_rows(u, og)] + [None] * (len(call.outs) - 1)
+    from .fallback import conservative
+
+    return conservative(call)
 
 
 def selection(call: Call) -> list:
@@ -158,6 +185,10 @@ def view_ids(call: Call, base: TracedTensor) -> list[np.ndarray] | None:
             if (ids < 0).any():
                 return None
         return [ids]
+    if func is aten.view_as_real.default:
+        return [np.repeat(np.arange(base.numel(), dtype=np.int64), 2)]
+    if func is aten.view_as_complex.default:
+        return None  # each complex element reads two real ones: a copy (see ``complex_pairs``)
     ids_in = torch.arange(base.numel(), dtype=torch.int64).reshape(base.shape)
 
     def convert(a):
@@ -266,3 +297,23 @@ register_rule(aten_ops("index_add", "index_add_", "scatter_add", "scatter_add_",
                        "scatter_reduce_", "index_put", "index_put_", "_index_put_impl_", "scatter",
                        "scatter_", "index_reduce", "index_reduce_", "put", "put_"),
               accumulate, second_order="linear", family="movement")
+
+
+# -- complex views: (..., 2) real pairs <-> complex elements -------------------------------------------
+
+def complex_pairs(call: Call) -> list:
+    """``view_as_complex``: each complex element depends on its real pair (a copy, not a view)."""
+    s = call.sets(call.args[0])
+    if s is None:
+        return [None]
+    m = call.outs[0].numel()
+    return [S.gather_union(s, np.repeat(np.arange(m), 2), np.arange(2 * m), m)]
+
+
+def real_pairs(call: Call) -> list:
+    s = call.sets(call.args[0])
+    return [None if s is None else S.take_rows(s, np.repeat(np.arange(call.args[0].numel()), 2))]
+
+
+register_rule(aten.view_as_complex, complex_pairs, second_order="linear", family="movement")
+register_rule(aten.view_as_real, real_pairs, second_order="linear", family="movement")

@@ -8,6 +8,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from .detection.jacobian import check_input
 from .operators import CACHE, SparseJacobian, cache_key
 
 
@@ -43,6 +44,7 @@ def sparse_jacobian(f: Callable, x: torch.Tensor, *, mode: str = "auto", **optio
     with ``local=True`` hold at one point only and are never cached. ``asd.clear_cache()``
     empties the cache.
     """
+    check_input(x)
     use_cache = options.pop("cache", True) and not options.get("local", False) and "pattern" not in options
     options["mode"] = mode
     if not use_cache:

@@ -15,7 +15,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
-_TRANSPOSES: "weakref.WeakKeyDictionary[torch.Tensor, torch.Tensor]" = weakref.WeakKeyDictionary()
+# id(A) -> (weak reference to A, A^T). Tensors compare elementwise, so no WeakKeyDictionary.
+_TRANSPOSES: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
 
 def is_sparse(t) -> bool:
@@ -24,13 +25,16 @@ def is_sparse(t) -> bool:
 
 def _transpose(A: torch.Tensor) -> torch.Tensor:
     """``A^T`` in ``A``'s layout family, computed once per matrix."""
-    At = _TRANSPOSES.get(A)
-    if At is None:
-        if A.layout == torch.sparse_coo:
-            At = A.t().coalesce()
-        else:
-            At = A.to_sparse_coo().t().coalesce().to_sparse_csr()
-        _TRANSPOSES[A] = At
+    hit = _TRANSPOSES.get(id(A))
+    if hit is not None and hit[0]() is A:
+        return hit[1]
+    if A.layout == torch.sparse_coo:
+        At = A.t().coalesce()
+    else:
+        At = A.to_sparse_coo().t().coalesce().to_sparse_csr()
+    key = id(A)
+    _TRANSPOSES[key] = (weakref.ref(A), At)
+    weakref.finalize(A, _TRANSPOSES.pop, key, None)
     return At
 
 

@@ -1,0 +1,28 @@
+import os
+import warnings
+
+import pytest
+import torch
+
+# Two cores shared by everything: keep torch from oversubscribing them in tests.
+torch.set_num_threads(1)
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    import asd
+
+    asd.clear_cache()
+    yield
+    asd.clear_cache()

@@ -1,0 +1,277 @@
+"""End-to-end sparse Jacobians: values against dense torch.func in float64, options, cache, errors."""
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given, settings, strategies as st
+
+import asd
+from asd.operators import CACHE
+from asd.problems import brusselator, brusselator_input, conv_layer
+
+torch.manual_seed(0)
+
+
+def dense_jacobian(f, x):
+    return torch.autograd.functional.jacobian(lambda v: f(v.reshape(x.shape)).reshape(-1), x.reshape(-1))
+
+
+def assert_jacobian(J, f, x, ref=None, rtol=1e-10, atol=1e-10):
+    assert J.layout == torch.sparse_csr
+    assert J.dtype == x.dtype and J.device == x.device
+    Jd = dense_jacobian(ref or f, x)
+    assert tuple(J.shape) == tuple(Jd.shape)
+    torch.testing.assert_close(J.to_dense(), Jd, rtol=rtol, atol=atol)
+    # every stored entry belongs to the detected pattern, and no true nonzero is outside it
+    P = asd.jacobian_sparsity(f, x).toarray()
+    assert not ((Jd != 0).numpy() & ~P).any()
+
+
+@pytest.mark.parametrize("mode", ["forward", "reverse", "auto"])
+def test_brusselator_modes(mode):
+    f, x = brusselator(8), brusselator_input(8)
+    op = asd.prepare_jacobian(f, x, mode=mode)
+    assert_jacobian(op(x), f, x)
+    assert op.ncolors <= 12
+    if mode != "auto":
+        assert op.mode == mode
+    x2 = brusselator_input(8, seed=3)
+    assert_jacobian(op(x2), f, x2)
+
+
+def test_bidirectional_arrowhead():
+    # a dense first row and column: column or row coloring alone needs n colors
+    def f(x):
+        y = x * x
+        y = torch.cat([x.sum(0, keepdim=True), y[1:] + x[0] * x[1:]])
+        return y
+
+    x = torch.randn(40, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, coloring="bidirectional")
+    assert op.mode == "bidirectional"
+    assert op.ncolors < 10
+    assert_jacobian(op(x), f, x)
+    assert asd.prepare_jacobian(f, x, mode="forward").ncolors == 40
+
+
+@pytest.mark.parametrize("order", ["natural", "largest_first", "smallest_last", "incidence_degree", "random"])
+def test_orders_give_exact_values(order):
+    f, x = brusselator(6), brusselator_input(6)
+    assert_jacobian(asd.sparse_jacobian(f, x, mode="forward", order=order), f, x)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 100])
+def test_batch_size_chunks(batch_size):
+    f, x = brusselator(5), brusselator_input(5)
+    assert_jacobian(asd.sparse_jacobian(f, x, batch_size=batch_size, cache=False), f, x)
+
+
+def test_conv_layer_b2a():
+    f, x = conv_layer("a")
+    J = asd.sparse_jacobian(f, x)
+    assert J.shape == (576, 784)
+    assert_jacobian(J, f, x)
+
+
+@pytest.mark.parametrize("layout", ["csr", "coo"])
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+def test_sparse_constant_operator(layout, mode):
+    n = 30
+    L = sp.diags([1.0, -2.0, 1.0], [-1, 0, 1], shape=(n, n), format="csr")
+    Ld = torch.tensor(L.toarray())
+    A = Ld.to_sparse_csr() if layout == "csr" else Ld.to_sparse_coo()
+
+    def f(u):
+        return A @ u + torch.sin(u) * u.roll(1)
+
+    def ref(u):
+        return Ld @ u + torch.sin(u) * u.roll(1)
+
+    u = torch.randn(n, dtype=torch.float64)
+    J = asd.sparse_jacobian(f, u, mode=mode)
+    assert_jacobian(J, f, u, ref=ref)
+    assert J._nnz() == 3 * n - 1  # tridiagonal plus the periodic corner entry of roll
+
+
+def test_sparse_constant_matrix_rhs():
+    n = 12
+    Ld = torch.tensor(sp.random(n, n, density=0.2, random_state=1).toarray() + np.eye(n))
+    A = Ld.to_sparse_csr()
+
+    def f(U):
+        return (A @ U).tanh()
+
+    U = torch.randn(n, 3, dtype=torch.float64)
+    assert_jacobian(asd.sparse_jacobian(f, U, mode="forward"), f, U, ref=lambda U: (Ld @ U).tanh())
+    assert_jacobian(asd.sparse_jacobian(f, U, mode="reverse"), f, U, ref=lambda U: (Ld @ U).tanh())
+
+
+def test_inplace_residual_in_buffer():
+    def residual(u):
+        r = torch.zeros_like(u)
+        r[1:-1] = u[2:] - 2 * u[1:-1] + u[:-2] + u[1:-1] ** 3
+        r[0] = u[0] - 1
+        r[-1] += u[-1] * u[-2]
+        return r
+
+    u = torch.randn(50, dtype=torch.float64)
+    J = asd.sparse_jacobian(residual, u)
+    assert_jacobian(J, residual, u)
+    assert J._nnz() == 3 * 48 + 1 + 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 25), n=st.integers(1, 25), density=st.floats(0.0, 0.5), seed=st.integers(0, 2**16),
+       mode=st.sampled_from(["forward", "reverse", "auto"]))
+def test_random_sparse_structures(m, n, density, seed, mode):
+    rng = np.random.default_rng(seed)
+    M = sp.random(m, n, density=density, random_state=rng, format="csr")
+    Md = torch.tensor(M.toarray())
+    A = Md.to_sparse_csr()
+
+    def f(x):
+        return torch.exp(A @ x) * (A @ (x * x))
+
+    x = torch.randn(n, dtype=torch.float64)
+    J = asd.sparse_jacobian(f, x, mode=mode, cache=False)
+    assert_jacobian(J, f, x, ref=lambda x: torch.exp(Md @ x) * (Md @ (x * x)))
+
+
+def test_float32_and_shapes():
+    def f(X):
+        return (X[:, 1:] * X[:, :-1]).exp()
+
+    X = torch.randn(4, 5, dtype=torch.float32)
+    J = asd.sparse_jacobian(f, X)
+    assert J.dtype == torch.float32
+    torch.testing.assert_close(J.to_dense(), dense_jacobian(f, X))
+
+
+def test_values_and_to_scipy():
+    f, x = brusselator(4), brusselator_input(4)
+    op = asd.prepare_jacobian(f, x)
+    S = asd.to_scipy(op(x))
+    assert isinstance(S, sp.csr_array)
+    np.testing.assert_allclose(S.toarray(), dense_jacobian(f, x).numpy(), atol=1e-9)
+    np.testing.assert_allclose(op.values(x).numpy(), S.data)
+    assert (op.pattern.indptr == S.indptr).all() and (op.pattern.indices == S.indices).all()
+
+
+def test_pattern_option_skips_detection():
+    f, x = brusselator(4), brusselator_input(4)
+    P = asd.jacobian_sparsity(f, x)
+    op = asd.prepare_jacobian(f, x, pattern=P)
+    assert op.timings["detection"] < 0.01
+    assert_jacobian(op(x), f, x)
+
+
+def test_cache_hits_and_clear():
+    f, x = brusselator(4), brusselator_input(4)
+    asd.sparse_jacobian(f, x)
+    misses = CACHE.misses
+    asd.sparse_jacobian(f, brusselator_input(4, seed=1))
+    assert CACHE.misses == misses and CACHE.hits >= 1
+    asd.sparse_jacobian(f, brusselator_input(4).float())  # another dtype: another entry
+    assert CACHE.misses == misses + 1
+    asd.clear_cache()
+    assert len(CACHE) == 0
+    asd.sparse_jacobian(f, x, local=True)  # local patterns hold at one point: never cached
+    assert len(CACHE) == 0
+
+
+def test_local_pattern_is_sparser_and_exact_at_point():
+    def f(x):
+        return torch.relu(x) * x.roll(1)
+
+    x = torch.tensor([1.0, -1.0, 2.0, -3.0], dtype=torch.float64)
+    Jg = asd.jacobian_sparsity(f, x)
+    Jl = asd.jacobian_sparsity(f, x, local=True)
+    assert Jl.nnz < Jg.nnz
+    assert_jacobian(asd.sparse_jacobian(f, x, local=True), f, x)
+
+
+def test_compile_fallback_is_clean(monkeypatch):
+    def broken_compile(fn, **kw):
+        def run(*a, **k):
+            raise RuntimeError("compiler exploded")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    f, x = brusselator(4), brusselator_input(4)
+    op = asd.prepare_jacobian(f, x, compile=True)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed"):
+        J = op(x)
+    assert_jacobian(J, f, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        op(x)  # falls back once, then stays eager silently
+
+
+def test_compile_real():
+    f, x = brusselator(4), brusselator_input(4)
+    op = asd.prepare_jacobian(f, x, compile=True, mode="forward")
+    assert_jacobian(op(x), f, x)
+    assert op._products["jvp"].compile_failed is None
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("x, msg", [
+    (torch.arange(4), "floating-point"),
+    (torch.randn(4, dtype=torch.complex128), "complex"),
+    ([1.0, 2.0], "torch.Tensor"),
+])
+def test_bad_input_dtype(x, msg):
+    with pytest.raises(asd.InputError, match=msg):
+        asd.sparse_jacobian(lambda v: v * 2, x)
+
+
+def test_function_returning_non_tensor():
+    with pytest.raises(asd.InputError, match="returned tuple"):
+        asd.sparse_jacobian(lambda v: (v, v), torch.randn(3))
+
+
+def test_function_returning_integers():
+    with pytest.raises(asd.InputError, match="dtype torch.int64"):
+        asd.sparse_jacobian(lambda v: (v > 0).long(), torch.randn(3))
+
+
+def test_shape_dtype_device_change_after_prepare():
+    op = asd.prepare_jacobian(lambda v: v.sin(), torch.randn(5, dtype=torch.float64))
+    with pytest.raises(asd.InputError, match="shape"):
+        op(torch.randn(6, dtype=torch.float64))
+    with pytest.raises(asd.InputError, match="dtype"):
+        op(torch.randn(5, dtype=torch.float32))
+    with pytest.raises(asd.InputError, match="torch.Tensor"):
+        op(np.zeros(5))
+
+
+def test_bad_options():
+    x = torch.randn(3)
+    with pytest.raises(asd.InputError, match="mode"):
+        asd.prepare_jacobian(torch.sin, x, mode="sideways")
+    with pytest.raises(asd.InputError, match="coloring"):
+        asd.prepare_jacobian(torch.sin, x, coloring="star")
+    with pytest.raises(asd.InputError, match="batch_size"):
+        asd.prepare_jacobian(torch.sin, x, batch_size=0)
+
+
+def test_control_flow_under_global_tracing_says_local():
+    def f(x):
+        return x if x.sum() > 0 else -x
+
+    with pytest.raises(asd.TracingError, match="local=True"):
+        asd.sparse_jacobian(f, torch.randn(3))
+    J = asd.sparse_jacobian(f, torch.ones(3), local=True)
+    torch.testing.assert_close(J.to_dense(), torch.eye(3))
+
+
+def test_import_is_light():
+    code = "import asd, sys; print('numba' in sys.modules, 'matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

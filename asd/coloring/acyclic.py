@@ -58,11 +58,12 @@ def substitution_plan(ptr, idx, colors, ncolors, tpos=None) -> DecompressionPlan
     )
 
 
-def color_acyclic(ptr, idx, shape, order, seed=0, tpos=None) -> Coloring:
+def color_acyclic(ptr, idx, shape, order, seed=0, tpos=None, perm=None) -> Coloring:
     n = shape[0]
     if tpos is None:
         tpos = transpose_positions(ptr, idx)
-    perm = vertex_order(order, n, False, ptr, idx, seed=seed)
+    if perm is None:
+        perm = vertex_order(order, n, False, ptr, idx, seed=seed)
     if n:
         from asd.coloring._acyclic_kernels import acyclic_color
 

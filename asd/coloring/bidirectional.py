@@ -55,7 +55,7 @@ def _bicolor(perm, ptr, idx, shape, aptr, aidx, apos, atpos, rows, postprocess):
     return rc, cc, ncc + nrc, plan, colors
 
 
-def color_bidirectional(ptr, idx, shape, order, seed=0, postprocess=False) -> Coloring:
+def color_bidirectional(ptr, idx, shape, order, seed=0, postprocess=False, perm=None) -> Coloring:
     """Star bicoloring.  The order is computed on the bipartite graph in two layouts
     (columns first, rows first - they differ in tie-breaking, decisive e.g. for ``natural``);
     the coloring with fewer AD passes is kept (columns-first on ties)."""
@@ -68,14 +68,17 @@ def color_bidirectional(ptr, idx, shape, order, seed=0, postprocess=False) -> Co
     aptr, aidx, apos = augmented(ptr, idx, shape)
     atpos = transpose_positions(aptr, aidx)
     rows = csr_rows(ptr)
-    perm1 = vertex_order(order, nv, False, aptr, aidx, seed=seed)
-    # rows-first layout: the augmented graph of A^T; map its vertex ids back
-    tptr, tidx, _ = transpose_csr(ptr, idx, shape)
-    bptr, bidx, _ = augmented(tptr, tidx, (n, m))
-    perm2 = vertex_order(order, nv, False, bptr, bidx, seed=seed)
-    perm2 = np.where(perm2 < m, perm2 + n, perm2 - m).astype(np.int64)
+    if perm is not None:
+        perms = (perm,)  # explicit vertex order of the augmented graph (columns, then rows)
+    else:
+        perm1 = vertex_order(order, nv, False, aptr, aidx, seed=seed)
+        # rows-first layout: the augmented graph of A^T; map its vertex ids back
+        tptr, tidx, _ = transpose_csr(ptr, idx, shape)
+        bptr, bidx, _ = augmented(tptr, tidx, (n, m))
+        perm2 = vertex_order(order, nv, False, bptr, bidx, seed=seed)
+        perms = (perm1, np.where(perm2 < m, perm2 + n, perm2 - m).astype(np.int64))
     best = None
-    for perm in (perm1, perm2):
+    for perm in perms:
         res = _bicolor(perm, ptr, idx, shape, aptr, aidx, apos, atpos, rows, postprocess)
         if best is None or res[2] < best[2]:
             best = res

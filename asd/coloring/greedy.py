@@ -23,14 +23,15 @@ def partial_plan(problem, colors, ncolors, indptr, indices, shape) -> Decompress
     return DecompressionPlan(kind="direct", compressed_shape=cshape, nnz=len(indices), gather=gather.astype(np.int64))
 
 
-def color_partial(indptr, indices, shape, problem, order, seed=0) -> Coloring:
+def color_partial(indptr, indices, shape, problem, order, seed=0, perm=None) -> Coloring:
     m, n = shape
     tptr, tidx, _ = transpose_csr(indptr, indices, shape)
     if problem == "column":
         nv, p1, i1, p2, i2 = n, tptr, tidx, indptr, indices
     else:
         nv, p1, i1, p2, i2 = m, indptr, indices, tptr, tidx
-    perm = vertex_order(order, nv, True, p1, i1, p2, i2, seed=seed)
+    if perm is None:
+        perm = vertex_order(order, nv, True, p1, i1, p2, i2, seed=seed)
     if nv:
         from asd.coloring._order_kernels import greedy_d2
 

@@ -31,11 +31,12 @@ def renumber(colors, keep):
     return out.astype(np.int64), int(keep.sum())
 
 
-def color_star(ptr, idx, shape, order, seed=0, postprocess=False, tpos=None) -> Coloring:
+def color_star(ptr, idx, shape, order, seed=0, postprocess=False, tpos=None, perm=None) -> Coloring:
     n = shape[0]
     if tpos is None:
         tpos = transpose_positions(ptr, idx)
-    perm = vertex_order(order, n, False, ptr, idx, seed=seed)
+    if perm is None:
+        perm = vertex_order(order, n, False, ptr, idx, seed=seed)
     rows = csr_rows(ptr)
     if n == 0:
         colors, ncolors, star, hub = np.zeros(0, np.int64), 0, np.zeros(0, np.int64), np.zeros(0, np.int64)

@@ -1,0 +1,84 @@
+"""Property tests: every problem and order on random patterns of many shapes - the coloring
+passes ``check`` and decompression reproduces a random matrix of the pattern exactly."""
+
+import numpy as np
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import asd.coloring as C
+from asd.coloring.graphs import transpose_positions
+
+
+@st.composite
+def patterns(draw, square=False):
+    m = draw(st.integers(1, 24))
+    n = m if square else draw(st.integers(1, 24))
+    density = draw(st.sampled_from([0.0, 0.05, 0.15, 0.3, 0.6, 1.0]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    D = rng.random((m, n)) < density
+    kind = draw(st.sampled_from(["dense", "csr", "coo_dups"]))
+    if kind == "dense":
+        return D
+    if kind == "csr":
+        return sp.csr_array(D.astype(float))
+    r, c = np.nonzero(D)
+    r, c = np.concatenate([r, r[: len(r) // 2]]), np.concatenate([c, c[: len(c) // 2]])
+    return sp.coo_array((np.ones(r.size), (r, c)), shape=(m, n))
+
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _values(res, rng):
+    # integer values: the products are exact, so decompression must be exact
+    return rng.integers(-50, 50, size=res.nnz).astype(np.float64) + 0.5
+
+
+@SETTINGS
+@given(patterns(), st.sampled_from(["column", "row"]), st.sampled_from(C.ORDERS), st.integers(0, 3))
+def test_partial(pattern, problem, order, seed):
+    res = C.color(pattern, problem, order, seed=seed)
+    assert C.check(pattern, res, rounds=1)
+    v = _values(res, np.random.default_rng(seed))
+    J = res.to_scipy(v).toarray()
+    S = res.seeds()
+    B = (J @ S).T if problem == "column" else (J.T @ S).T
+    np.testing.assert_array_equal(res.decompress(B), v)
+    np.testing.assert_array_equal(C.color(pattern, problem, order, seed=seed).colors, res.colors)
+
+
+@SETTINGS
+@given(patterns(square=True), st.sampled_from(["star", "acyclic"]), st.sampled_from(C.ORDERS),
+       st.booleans(), st.integers(0, 3))
+def test_symmetric(pattern, problem, order, postprocess, seed):
+    res = C.color(pattern, problem, order, seed=seed, postprocess=postprocess)
+    assert C.check(pattern, res, rounds=1)
+    v = _values(res, np.random.default_rng(seed))
+    v = v + v[transpose_positions(res.indptr, res.indices)]
+    H = res.to_scipy(v).toarray()
+    np.testing.assert_array_equal(H, H.T)
+    B = (H @ res.seeds()).T
+    np.testing.assert_array_equal(res.decompress(B), v)
+
+
+@SETTINGS
+@given(patterns(), st.sampled_from(C.ORDERS), st.booleans(), st.integers(0, 3))
+def test_bidirectional(pattern, order, postprocess, seed):
+    res = C.color(pattern, "bidirectional", order, seed=seed, postprocess=postprocess)
+    assert C.check(pattern, res, rounds=1)
+    v = _values(res, np.random.default_rng(seed))
+    J = res.to_scipy(v).toarray()
+    rs, cs = res.seeds()
+    flat = np.concatenate([(J @ cs).T.ravel(), (J.T @ rs).T.ravel()])
+    np.testing.assert_array_equal(res.decompress(flat), v)
+
+
+@settings(max_examples=15, deadline=None)
+@given(patterns(square=True), st.sampled_from(C.PROBLEMS))
+def test_best(pattern, problem):
+    res = C.color(pattern, problem, "best", postprocess=True)
+    C.check(pattern, res, rounds=1)
+    nat = C.color(pattern, problem, "natural", postprocess=True)
+    assert res.ncolors <= nat.ncolors

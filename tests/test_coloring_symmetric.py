@@ -1,0 +1,161 @@
+"""Star and acyclic colorings: definitions, banded identities, decompression."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import asd.coloring as C
+from asd.coloring.build import from_colors
+from asd.coloring.graphs import transpose_positions
+from asd.errors import ColoringError
+
+
+def _sym(n, density, seed, diag=True):
+    A = sp.random(n, n, density=density, random_state=seed, format="csr")
+    A = (A + A.T).tocsr()
+    if diag:
+        A = (A + sp.identity(n, format="csr")).tocsr()
+    return A
+
+
+def banded(n, rho):
+    k = rho // 2
+    return sp.diags([np.ones(n - abs(d)) for d in range(-k, k + 1)], list(range(-k, k + 1)), format="csr")
+
+
+def arrowhead(N, K):
+    a = np.arange(N)
+    r, c = [], []
+    for d in range(-(K - 1), K):
+        ok = (a + d >= 0) & (a + d < N)
+        r.append(a[ok]), c.append(a[ok] + d)
+    for j in range(K):
+        r += [a, np.full(N, j)]
+        c += [np.full(N, j), a]
+    r, c = np.concatenate(r), np.concatenate(c)
+    return sp.csr_array((np.ones(r.size, dtype=bool), (r, c)), shape=(N, N))
+
+
+def _roundtrip(res, seed=0):
+    tpos = transpose_positions(res.indptr, res.indices)
+    v = np.random.default_rng(seed).standard_normal(res.nnz)
+    v = v + v[tpos]
+    H = res.to_scipy(v).toarray()
+    S = res.seeds()
+    B = (H @ S).T
+    assert B.shape == res.plan.compressed_shape
+    got = res.decompress(B)
+    np.testing.assert_allclose(got, v, rtol=1e-12, atol=1e-12)
+    return got
+
+
+@pytest.mark.parametrize("problem", ["star", "acyclic"])
+@pytest.mark.parametrize("order", C.ORDERS)
+def test_random_symmetric(problem, order):
+    for seed in range(4):
+        A = _sym(25 + 9 * seed, 0.08, seed, diag=seed % 2 == 0)
+        res = C.color(A, problem, order, seed=seed)
+        assert C.check(A, res)
+        _roundtrip(res, seed)
+        assert res.plan.kind == ("direct" if problem == "star" else "substitution")
+
+
+def test_unsymmetric_input_is_symmetrized():
+    A = sp.random(30, 30, density=0.1, random_state=3, format="csr")
+    res = C.color(A, "star")
+    S = (abs(A) + abs(A.T)).tocsr()
+    S.sort_indices()
+    assert res.nnz == S.nnz
+    C.check(A, res)
+
+
+@pytest.mark.parametrize("rho", [2, 4, 10, 20])
+def test_banded_identities(rho):
+    A = banded(600, rho)
+    star = C.color(A, "star")
+    acyc = C.color(A, "acyclic")
+    assert star.ncolors == 2 * (rho // 2) + 1
+    assert acyc.ncolors == rho // 2 + 1
+    C.check(A, star)
+    C.check(A, acyc)
+
+
+def test_laplacian_counts():
+    N = 40
+    I = sp.identity(N, format="csr")
+    T = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(N, N))
+    L = (sp.kron(I, T) + sp.kron(T, I)).tocsr()
+    assert C.color(L, "star").ncolors == 5
+    assert C.color(L, "acyclic").ncolors <= 4
+    C.check(L, C.color(L, "acyclic"))
+
+
+def test_arrowhead():
+    A = arrowhead(3200, 2)
+    s = C.color(A, "star")
+    a = C.color(A, "acyclic")
+    assert s.ncolors == 5 and a.ncolors == 4
+    C.check(A, s)
+    C.check(A, a)
+
+
+def test_star_postprocess_neutral():
+    # star graph without diagonal: hub + leaves -> 2 colors, 1 needed after postprocessing
+    n = 8
+    A = np.zeros((n, n), dtype=bool)
+    A[0, 1:] = A[1:, 0] = True
+    r = C.color(A, "star")
+    assert r.ncolors == 2
+    p = C.color(A, "star", postprocess=True)
+    assert p.ncolors == 1 and (p.colors == -1).sum() == n - 1
+    C.check(A, p)
+    _roundtrip(p)
+
+
+def test_published_colorings():
+    from asd.coloring.mtx import read_pattern
+
+    A = read_pattern("tests/data/matrices/gmp_fig61_10x10.mtx")
+    for problem, c, k in [
+        ("star", [1, 2, 1, 3, 1, 4, 3, 5, 1, 2], 5),
+        ("acyclic", [1, 2, 1, 2, 1, 3, 2, 3, 2, 1], 3),
+        ("acyclic", [1, 2, 1, 2, 1, 3, 2, 3, 2, 3], 3),
+    ]:
+        r = from_colors(A, problem, np.array(c))
+        assert r.ncolors == k
+        C.check(A, r)
+        _roundtrip(r)
+    B = read_pattern("tests/data/matrices/what_fig_41.mtx")
+    r = from_colors(B, "star", np.array([1, 2, 1, 3, 1, 1]))
+    assert r.ncolors == 3
+    C.check(B, r)
+    # a distance-1 coloring that is not star: check must reject it
+    with pytest.raises(ColoringError):
+        C.check(A, from_colors(A, "star", np.array([1, 2, 1, 2, 1, 3, 2, 3, 2, 1])))
+
+
+def test_check_rejects_two_colored_cycle():
+    # 4-cycle colored 0,1,0,1 is distance-1 but not acyclic
+    A = np.zeros((4, 4), dtype=bool)
+    for i in range(4):
+        A[i, (i + 1) % 4] = A[(i + 1) % 4, i] = True
+    with pytest.raises(ColoringError):
+        from_colors(A, "acyclic", np.array([0, 1, 0, 1]))
+    r = C.color(A, "acyclic")
+    assert r.ncolors == 3
+    C.check(A, r)
+
+
+def test_substitution_plan_levels_are_topological():
+    A = _sym(80, 0.05, 11)
+    r = C.color(A, "acyclic", "smallest_last")
+    plan = r.plan
+    step_level = np.repeat(np.arange(plan.nlevels), np.diff(plan.level_ptr))
+    level_of_pos = np.full(r.nnz, -1)
+    level_of_pos[plan.step_pos] = step_level
+    level_of_pos[plan.step_pos_t] = step_level
+    assert (level_of_pos >= 0).all()
+    dep_level = level_of_pos[plan.dep_pos]
+    assert (dep_level < step_level[plan.dep_step]).all()
+    for name in ("step_pos", "step_pos_t", "step_src", "dep_ptr", "dep_pos", "dep_step", "level_ptr"):
+        assert getattr(plan, name).dtype == np.int64

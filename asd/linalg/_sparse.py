@@ -19,7 +19,8 @@ from asd.errors import InputError
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
 _CACHE: "OrderedDict[tuple, Pattern]" = OrderedDict()
-_CACHE_SIZE = 64
+_CACHE_SIZE = 32                 # patterns kept (they hold references to their index tensors)
+_CACHE_NNZ = 30_000_000          # ... and at most this many stored entries in all
 
 
 class Pattern:
@@ -223,8 +224,9 @@ def get_pattern(A: torch.Tensor) -> Pattern:
         P = Pattern(A.layout, A.shape, crow, col.contiguous(), orig=(idx,), batch=B)
         P._cache["row"] = row.contiguous()
     _CACHE[key] = P
-    if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    total = sum(p.nnz for p in _CACHE.values())
+    while len(_CACHE) > 1 and (len(_CACHE) > _CACHE_SIZE or total > _CACHE_NNZ):
+        total -= _CACHE.popitem(last=False)[1].nnz
     return P
 
 

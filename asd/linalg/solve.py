@@ -107,7 +107,7 @@ def _run_krylov(P: Pattern, vals: torch.Tensor, Bm: torch.Tensor, cfg: _Config, 
     AT = lambda x: K.spmm(P, v, x.reshape(-1, 1), not trans).reshape(-1)  # noqa: E731
     M = _precond(cfg.M, trans, Bm[:, 0])
     N = Bm.shape[0]
-    maxiter = cfg.maxiter if cfg.maxiter is not None else (10 * N if cfg.method != "gmres" else 10 * N)
+    maxiter = cfg.maxiter if cfg.maxiter is not None else 10 * N
     cols, stats = [], []
     with torch.no_grad():
         for c in range(Bm.shape[1]):

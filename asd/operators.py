@@ -57,8 +57,9 @@ class SparseJacobian:
         the pattern is detected).
     mode
         ``"forward"`` (column coloring, batched JVPs), ``"reverse"`` (row coloring, batched VJPs)
-        or ``"auto"`` (the one with fewer colors; reverse on a tie, as one VJP batch shares one
-        forward pass).
+        or ``"auto"`` (the one with fewer colors; on a tie reverse when evaluating eagerly, as one
+        VJP batch shares one forward pass, and forward with ``compile=True``, where compiled JVPs
+        are the faster).
     coloring
         Overrides ``mode`` with an explicit problem: ``"column"``, ``"row"`` or ``"bidirectional"``
         (rows and columns together, one batch of JVPs plus one of VJPs).
@@ -121,7 +122,8 @@ class SparseJacobian:
         if coloring is None:  # auto
             col = color(pattern, "column", order=order)
             row = color(pattern, "row", order=order)
-            result = col if col.ncolors < row.ncolors else row
+            prefer_col = col.ncolors < row.ncolors or (col.ncolors == row.ncolors and compile)
+            result = col if prefer_col else row
         else:
             result = color(pattern, coloring, order=order)
         self.coloring = result
@@ -129,7 +131,6 @@ class SparseJacobian:
         self.mode = {"column": "forward", "row": "reverse", "bidirectional": "bidirectional"}[result.problem]
 
         g = flatten_function(f, x.shape)
-        kw = dict(batch_size=batch_size, compile=compile)
         if result.problem == "column":
             self._seeds = [("jvp", seed_matrix(result.colors, result.ncolors, x.dtype, x.device))]
         elif result.problem == "row":
@@ -139,8 +140,13 @@ class SparseJacobian:
             nr, nc = result.nrow_colors, result.ncol_colors
             self._seeds = [("jvp", seed_matrix(col_colors, nc, x.dtype, x.device)),
                            ("vjp", seed_matrix(row_colors, nr, x.dtype, x.device))]
-        self._products = {kind: Products(g, kind, **kw) for kind, _ in self._seeds}
         self._decompress = Decompressor(result, x.device)
+        # one batch, direct plan: the gather runs inside the (possibly compiled) product function
+        self._fused = (len(self._seeds) == 1 and self._decompress.index is not None
+                       and (batch_size is None or batch_size >= self._seeds[0][1].shape[0]))
+        gather = self._decompress.index if self._fused else None
+        self._products = {kind: Products(g, kind, batch_size=batch_size, compile=compile, gather=gather)
+                          for kind, _ in self._seeds}
 
     @property
     def ncolors(self) -> int:
@@ -154,15 +160,24 @@ class SparseJacobian:
         parts = []
         for kind, seeds in self._seeds:
             if seeds.shape[0]:
-                parts.append(self._products[kind](xf, seeds).reshape(-1))
+                products = self._products[kind]
+                if products.gather is not None:  # the fused path returns values: evaluate unfused
+                    products = Products(products._g, kind, batch_size=products.batch_size)
+                parts.append(products(xf, seeds).reshape(-1))
+        if not parts:
+            return xf.new_zeros(0)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The Jacobian at ``x`` as a ``torch.sparse_csr`` tensor of shape ``(f(x).numel(), x.numel())``."""
-        return self._decompress(self.compressed(x))
+        return self._decompress.csr(self.values(x))
 
     def values(self, x: torch.Tensor) -> torch.Tensor:
         """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure."""
+        if self._fused:
+            _check_call_input(x, self.shape, self.dtype, self.device, "this SparseJacobian")
+            kind, seeds = self._seeds[0]
+            return self._products[kind](x.reshape(-1), seeds)
         return self._decompress.values(self.compressed(x))
 
     def __repr__(self) -> str:

@@ -82,14 +82,27 @@ class Products:
         Seeds per batched call; ``None`` evaluates all seeds in one call.
     compile
         Run the batched evaluation through ``torch.compile``.
+    gather
+        Optional index tensor: return ``products.reshape(-1)[gather]`` instead of the products
+        (direct decompression fused into the same, possibly compiled, function). Only valid when
+        all seeds are evaluated in one batch.
     """
 
-    def __init__(self, g: Callable, kind: str, *, batch_size: int | None = None, compile: bool = False):
+    def __init__(self, g: Callable, kind: str, *, batch_size: int | None = None, compile: bool = False,
+                 gather: torch.Tensor | None = None):
         if batch_size is not None and batch_size < 1:
             raise InputError(f"batch_size must be a positive integer or None, got {batch_size}")
         self.kind = kind
         self.batch_size = batch_size
-        self._eager = _batched(kind, g)
+        self.gather = gather
+        self._g = g
+        run = _batched(kind, g)
+        if gather is not None:
+            def run_gathered(x, seeds, _run=run, _idx=gather):
+                return _run(x, seeds).reshape(-1).index_select(0, _idx)
+            self._eager = run_gathered
+        else:
+            self._eager = run
         self._compiled = None
         self.compile = compile
         self.compile_failed: str | None = None
@@ -116,5 +129,7 @@ class Products:
             return seeds.new_zeros((0,))
         if self.batch_size is None or k <= self.batch_size:
             return self._run(x, seeds)
+        if self.gather is not None:
+            raise ValueError("a fused gather needs all seeds in one batch (batch_size >= number of seeds)")
         parts = [self._run(x, seeds[i:i + self.batch_size]) for i in range(0, k, self.batch_size)]
         return torch.cat(parts)

@@ -40,6 +40,10 @@ RANDOM_OPS = {
 
 # Every other exclusion, with its reason.
 EXCLUDED = {
+    "native_batch_norm": "in evaluation mode the meta kernel returns save_mean/save_invstd of shape (C,) "
+                         "where the CPU kernel returns empty tensors, so the flattened outputs differ; "
+                         "the op is checked through nn.functional.batch_norm",
+    "_native_batch_norm_legit": "same meta/CPU output-shape difference as native_batch_norm",
     "as_strided_scatter": "PyTorch's autograd formula is wrong with respect to the input (it keeps "
                           "the overwritten positions and drops the others); finite differences agree "
                           "with the detected pattern",

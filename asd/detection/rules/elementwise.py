@@ -115,17 +115,18 @@ NONLINEAR_UNARY = aten_ops(
     "special_bessel_j0", "special_bessel_j1", "special_spherical_bessel_j0", "gelu", "silu",
     "mish", "elu", "celu", "selu", "softplus", "log_sigmoid_forward", "mvlgamma", "square",
     "pow", "float_power", "xlogy", "logaddexp", "logaddexp2", "hypot", "atan2", "arctan2",
-    "igamma", "igammac", "hardswish", "erfinv_", "nan_to_num", "angle", "exp_", "log_", "sqrt_",
+    "igamma", "igammac", "hardswish", "ldexp", "polar", "erfinv_", "nan_to_num", "angle", "exp_", "log_", "sqrt_",
     "sin_", "cos_", "tanh_", "sigmoid_", "pow_", "reciprocal_", "rsqrt_",
 )
 PIECEWISE_LINEAR = aten_ops(
     "abs", "abs_", "fmax", "fmin", "maximum", "minimum", "hardtanh", "hardtanh_", "leaky_relu",
     "leaky_relu_", "softshrink", "hardshrink", "threshold", "threshold_", "hardsigmoid",
-    "fmod", "remainder", "rrelu_with_noise",
+    "fmod", "remainder", "rrelu_with_noise", "frexp",
 )
 LINEAR = aten_ops(
     "add", "add_", "sub", "sub_", "rsub", "neg", "neg_", "positive", "_to_copy", "conj_physical",
-    "_conj_physical", "real", "imag", "deg2rad", "rad2deg", "frac", "lerp", "lerp_", "_to_dense", "to_dense", "_neg_view", "_conj", "resolve_conj", "resolve_neg",
+    "_conj_physical", "real", "imag", "deg2rad", "rad2deg", "frac", "lerp", "lerp_", "_to_dense", "complex",
+    "native_dropout_backward", "to_dense", "_neg_view", "_conj", "resolve_conj", "resolve_neg",
 )
 BILINEAR = aten_ops("mul", "mul_", "addcmul", "addcmul_", "prelu", "_prelu_kernel")
 NONLINEAR_NARY = aten_ops("addcdiv", "addcdiv_")
@@ -133,7 +134,7 @@ ZERO = aten_ops(
     "eq", "ne", "lt", "le", "gt", "ge", "eq_", "ne_", "lt_", "le_", "gt_", "ge_", "sign", "sign_",
     "sgn", "floor", "floor_", "ceil", "ceil_", "round", "round_", "trunc", "trunc_", "fix",
     "isnan", "isinf", "isfinite", "isposinf", "isneginf", "isreal", "signbit", "heaviside",
-    "logical_and", "logical_or", "logical_xor", "logical_not", "logical_not_", "logical_and_", "logical_or_", "logical_xor_", "frexp", "bitwise_and", "bitwise_or",
+    "logical_and", "logical_or", "logical_xor", "logical_not", "logical_not_", "logical_and_", "logical_or_", "logical_xor_", "bitwise_and", "bitwise_or",
     "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "floor_divide",
     "argmax", "argmin", "any", "all", "count_nonzero", "nonzero", "nonzero_static", "argsort",
     "searchsorted", "bucketize", "histc", "bincount", "isin", "zeros_like", "ones_like", "full_like",

@@ -224,6 +224,8 @@ MOVEMENT_OPS = aten_ops(
     "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "repeat_interleave", "fill", "fill_",
     "zero_", "unfold", "lift_fresh_copy", "_reshape_copy", "flatten",
     "movedim", "moveaxis", "narrow", "tile", "ravel", "swapaxes", "swapdims",
+    "embedding", "_unsafe_masked_index", "unsafe_split",
+    "unsafe_split_with_sizes", "unsafe_chunk",
 )
 
 register_rule(MOVEMENT_OPS, movement, second_order="linear", family="movement")

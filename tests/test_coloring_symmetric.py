@@ -159,3 +159,18 @@ def test_substitution_plan_levels_are_topological():
     assert (dep_level < step_level[plan.dep_step]).all()
     for name in ("step_pos", "step_pos_t", "step_src", "dep_ptr", "dep_pos", "dep_step", "level_ptr"):
         assert getattr(plan, name).dtype == np.int64
+
+
+@pytest.mark.parametrize("problem", ["star", "acyclic", "bidirectional"])
+def test_heavy_vertex_tables_do_not_change_colorings(problem, monkeypatch):
+    import asd.coloring.graphs as G
+
+    for seed in range(6):
+        A = _sym(45, 0.15, seed)
+        res = {}
+        for thr in (0, 10**9):
+            monkeypatch.setattr(G, "HEAVY_THRESHOLD", thr)
+            res[thr] = [C.color(A, problem, o, postprocess=True) for o in C.ORDERS]
+        for a, b in zip(res[0], res[10**9]):
+            np.testing.assert_array_equal(np.asarray(a.colors), np.asarray(b.colors))
+            C.check(A, a, rounds=1)

@@ -21,9 +21,42 @@ def _treat(v, w, ptr, idx, color, forbidden):
 
 
 @njit(cache=True)
-def star_color(order, ptr, idx, tpos):
+def _treat_any(v, w, ptr, idx, color, forbidden, heavy, clist, ncl):
+    h = heavy[w]
+    if h >= 0:
+        for t in range(ncl[h]):
+            forbidden[clist[h, t]] = v
+    else:
+        _treat(v, w, ptr, idx, color, forbidden)
+
+
+@njit(cache=True)
+def _note_color(v, c, ptr, idx, tpos, heavy, cnt, rep, clist, ncl):
+    """v was colored c: update the color tables of v's heavy neighbours."""
+    for p in range(ptr[v], ptr[v + 1]):
+        w = idx[p]
+        if w == v:
+            continue
+        h = heavy[w]
+        if h >= 0:
+            if cnt[h, c] == 0:
+                rep[h, c] = tpos[p]
+                clist[h, ncl[h]] = c
+                ncl[h] += 1
+            cnt[h, c] += 1
+
+
+@njit(cache=True)
+def star_color(order, ptr, idx, tpos, heavy, nslots, width):
+    """``heavy[w] >= 0`` marks high-degree vertices that keep per-color tables (count and one
+    representative edge of their colored neighbours per color, plus the list of colors
+    present), so scans of their neighbourhoods cost O(#colors) instead of O(degree)."""
     n = ptr.shape[0] - 1
     nnz = idx.shape[0]
+    cnt = np.zeros((nslots, width), dtype=np.int64)
+    rep = np.full((nslots, width), -1, dtype=np.int64)
+    clist = np.empty((nslots, width), dtype=np.int64)
+    ncl = np.zeros(nslots, dtype=np.int64)
     color = np.full(n, -1, dtype=np.int64)
     forbidden = np.full(n + 1, -1, dtype=np.int64)
     first_v = np.full(n + 1, -1, dtype=np.int64)  # first_v[c] == v: v has seen a neighbour of color c
@@ -57,24 +90,33 @@ def star_color(order, ptr, idx, tpos):
                 # share v's color
                 q = first_w[cw]
                 if treated[q] != v:
-                    _treat(v, q, ptr, idx, color, forbidden)
+                    _treat_any(v, q, ptr, idx, color, forbidden, heavy, clist, ncl)
                     treated[q] = v
                 if treated[w] != v:
-                    _treat(v, w, ptr, idx, color, forbidden)
+                    _treat_any(v, w, ptr, idx, color, forbidden, heavy, clist, ncl)
                     treated[w] = v
             else:
                 first_v[cw] = v
                 first_w[cw] = w
                 # w is a leaf of a star whose hub is x: v must not take x's color
-                for q in range(ptr[w], ptr[w + 1]):
-                    x = idx[q]
-                    if x == v or x == w:
-                        continue
-                    cx = color[x]
-                    if cx >= 0 and forbidden[cx] != v:
-                        s = star[q]
-                        if hub[s] == x:
-                            forbidden[cx] = v
+                h = heavy[w]
+                if h >= 0:
+                    for t2 in range(ncl[h]):
+                        cx = clist[h, t2]
+                        if cnt[h, cx] == 1 and forbidden[cx] != v:
+                            q = rep[h, cx]
+                            if hub[star[q]] == idx[q]:
+                                forbidden[cx] = v
+                else:
+                    for q in range(ptr[w], ptr[w + 1]):
+                        x = idx[q]
+                        if x == v or x == w:
+                            continue
+                        cx = color[x]
+                        if cx >= 0 and forbidden[cx] != v:
+                            s = star[q]
+                            if hub[s] == x:
+                                forbidden[cx] = v
         c = 0
         while forbidden[c] == v:
             c += 1
@@ -90,11 +132,16 @@ def star_color(order, ptr, idx, tpos):
             if cw < 0:
                 continue
             found = -1
-            for q in range(ptr[w], ptr[w + 1]):
-                x = idx[q]
-                if x != v and x != w and color[x] == c:
-                    found = q
-                    break
+            h = heavy[w]
+            if h >= 0:
+                if cnt[h, c] > 0:
+                    found = rep[h, c]
+            else:
+                for q in range(ptr[w], ptr[w + 1]):
+                    x = idx[q]
+                    if x != v and x != w and color[x] == c:
+                        found = q
+                        break
             if found >= 0:
                 # join the star of (w, x): its hub is w
                 s = star[found]
@@ -111,6 +158,8 @@ def star_color(order, ptr, idx, tpos):
                 new_s[cw] = s
             star[p] = s
             star[tpos[p]] = s
+        if nslots > 0:
+            _note_color(v, c, ptr, idx, tpos, heavy, cnt, rep, clist, ncl)
     return color, ncol, star, hub[:nstars].copy()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asd.coloring.graphs import csr_rows, transpose_positions
+from asd.coloring.graphs import heavy_vertices, csr_rows, transpose_positions
 from asd.coloring.orders import vertex_order
 from asd.coloring.result import Coloring, DecompressionPlan
 from asd.errors import ColoringError
@@ -67,7 +67,7 @@ def color_acyclic(ptr, idx, shape, order, seed=0, tpos=None, perm=None) -> Color
     if n:
         from asd.coloring._acyclic_kernels import acyclic_color
 
-        colors, ncolors = acyclic_color(perm, ptr, idx, tpos)
+        colors, ncolors = acyclic_color(perm, ptr, idx, tpos, *heavy_vertices(ptr))
         ncolors = int(ncolors)
     else:
         colors, ncolors = np.zeros(0, dtype=np.int64), 0

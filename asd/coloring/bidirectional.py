@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asd.coloring.graphs import augmented, csr_rows, transpose_csr, transpose_positions
+from asd.coloring.graphs import heavy_vertices, augmented, csr_rows, transpose_csr, transpose_positions
 from asd.coloring.orders import vertex_order
 from asd.coloring.result import Coloring, DecompressionPlan
 from asd.coloring.star import renumber, star_endpoints
@@ -28,7 +28,7 @@ def _bicolor(perm, ptr, idx, shape, aptr, aidx, apos, atpos, rows, postprocess):
     m, n = shape
     nnz = len(idx)
     nv = n + m
-    colors, K, astar, hub = star_color(perm, aptr, aidx, atpos)
+    colors, K, astar, hub = star_color(perm, aptr, aidx, atpos, *heavy_vertices(aptr))
     K = int(K)
     hub = hub.copy()
     side = np.zeros(nv, dtype=np.int64)

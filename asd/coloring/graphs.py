@@ -131,6 +131,36 @@ def transpose_positions(indptr, indices):
     return tpos
 
 
+#: degree above which star/acyclic kernels keep per-color tables for a vertex
+HEAVY_THRESHOLD = 32
+
+
+def heavy_vertices(indptr, threshold: int | None = None):
+    """Slots of high-degree vertices for the per-color tables of the star/acyclic kernels:
+    returns ``(heavy, nslots, width)`` with ``heavy[v] = slot`` or ``-1``.  The threshold is
+    doubled until the tables (``nslots x width`` entries) stay within ~4 nnz + 1M."""
+    if threshold is None:
+        threshold = HEAVY_THRESHOLD
+    deg = np.diff(indptr)
+    n = deg.shape[0]
+    dmax = int(deg.max()) if n else 0
+    # greedy star/acyclic colorings use at most dmax^2 + 1 colors (and never more than n)
+    width = min(n, dmax * dmax + 1) + 1
+    budget = 4 * int(indptr[-1]) + (1 << 20)
+    while True:
+        sel = deg > threshold
+        k = int(sel.sum())
+        if k * width <= budget or threshold > n:
+            break
+        threshold *= 2
+    if threshold > n:
+        k = 0
+        sel = np.zeros(n, dtype=bool)
+    heavy = np.full(n, -1, dtype=_I)
+    heavy[sel] = np.arange(k, dtype=_I)
+    return heavy, k, (width if k else 1)
+
+
 def augmented(indptr, indices, shape):
     """Adjacency CSR of the bipartite graph: vertices ``0..n-1`` are columns, ``n..n+m-1`` rows.
 

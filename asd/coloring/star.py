@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asd.coloring.graphs import csr_rows, transpose_positions
+from asd.coloring.graphs import heavy_vertices, csr_rows, transpose_positions
 from asd.coloring.orders import vertex_order
 from asd.coloring.result import Coloring, DecompressionPlan
 
@@ -43,7 +43,7 @@ def color_star(ptr, idx, shape, order, seed=0, postprocess=False, tpos=None, per
     else:
         from asd.coloring._star_kernels import choose_hubs, star_color
 
-        colors, ncolors, star, hub = star_color(perm, ptr, idx, tpos)
+        colors, ncolors, star, hub = star_color(perm, ptr, idx, tpos, *heavy_vertices(ptr))
         ncolors = int(ncolors)
         hub = hub.copy()
         if postprocess:

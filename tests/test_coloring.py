@@ -129,3 +129,19 @@ def test_empty_and_banded():
     J = sp.diags([np.ones(n - k)] * (k + 1), offsets=list(range(k + 1)), shape=(n - k, n))
     for order in ("natural", "largest_first"):
         assert C.color(J, "column", order).ncolors == k + 1
+
+
+@pytest.mark.parametrize("problem", ["column", "row", "star", "acyclic", "bidirectional"])
+def test_deterministic_all_problems(problem):
+    A = sp.random(50, 50, density=0.08, random_state=7, format="csr")
+    for order in list(C.ORDERS) + ["best"]:
+        a = C.color(A, problem, order, seed=3, postprocess=True)
+        b = C.color(A, problem, order, seed=3, postprocess=True)
+        assert a.order == b.order and a.ncolors == b.ncolors
+        if problem == "bidirectional":
+            for x, y in zip(a.colors, b.colors):
+                np.testing.assert_array_equal(x, y)
+        else:
+            np.testing.assert_array_equal(a.colors, b.colors)
+        if a.plan.kind == "direct":
+            np.testing.assert_array_equal(a.plan.gather, b.plan.gather)

@@ -48,7 +48,7 @@ def spmm(P, vals: torch.Tensor, X: torch.Tensor, trans: bool = False) -> torch.T
         return Y
     src, dst = (P.col, P.row) if not trans else (P.row, P.col)
     Y = torch.zeros((out_rows, k), dtype=X.dtype, device=X.device)
-    return Y.index_add_(0, dst, vals.unsqueeze(1) * X[src])
+    return Y.index_add_(0, dst, vals.unsqueeze(1) * X.index_select(0, src))
 
 
 def sddmm(P, U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
@@ -65,7 +65,7 @@ def sddmm(P, U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
             nk.sddmm(P.np("ucrow"), P.np("ucol"), U.contiguous().numpy(), V.contiguous().numpy(),
                      out.numpy())
         return out
-    return (U[P.row] * V[P.col]).sum(-1)
+    return (U.index_select(0, P.row) * V.index_select(0, P.col)).sum(-1)
 
 
 def trsv(P, vals: torch.Tensor, Bm: torch.Tensor, lower: bool, trans: bool, unit: bool) -> torch.Tensor:
@@ -79,7 +79,11 @@ def trsv(P, vals: torch.Tensor, Bm: torch.Tensor, lower: bool, trans: bool, unit
     v = vals.detach().to("cpu").contiguous()
     nk = _numba()
     if nk and X.dtype in (torch.float32, torch.float64):
-        bad = nk.trsv(P.np("crow"), P.np("col"), v.numpy(), X.numpy(), lower, trans, unit)
+        if X.shape[1] == 1:
+            kern = nk.trsv_vec_t if trans else nk.trsv_vec
+            bad = kern(P.np("crow"), P.np("col"), v.numpy(), X.numpy().reshape(-1), lower, unit)
+        else:
+            bad = nk.trsv(P.np("crow"), P.np("col"), v.numpy(), X.numpy(), lower, trans, unit)
     else:  # pragma: no cover - slow reference path
         bad = _trsv_py(P, v, X, lower, trans, unit)
     if bad >= 0:

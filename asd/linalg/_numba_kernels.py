@@ -183,3 +183,47 @@ def union_add(ia, va, alpha, ib, vb, beta, out):
         out[ia[p]] = alpha * va[p]
     for p in range(ib.shape[0]):
         out[ib[p]] += beta * vb[p]
+
+
+@njit(**_fast)
+def trsv_vec(crow, col, vals, x, lower, unit):
+    """``T x = x`` in place for one right-hand side (row-oriented substitution)."""
+    n = crow.shape[0] - 1
+    for t in range(n):
+        i = t if lower else n - 1 - t
+        s = x[i]
+        d = 1.0 if unit else 0.0
+        for p in range(crow[i], crow[i + 1]):
+            j = col[p]
+            if j == i:
+                if not unit:
+                    d = vals[p]
+            else:
+                s -= vals[p] * x[j]
+        if d == 0.0:
+            return i
+        x[i] = s / d
+    return -1
+
+
+@njit(**_fast)
+def trsv_vec_t(crow, col, vals, x, lower, unit):
+    """``T^T x = x`` in place for one right-hand side (column-oriented sweep over T's rows)."""
+    n = crow.shape[0] - 1
+    for t in range(n):
+        i = n - 1 - t if lower else t
+        d = 1.0
+        if not unit:
+            d = 0.0
+            for p in range(crow[i], crow[i + 1]):
+                if col[p] == i:
+                    d = vals[p]
+            if d == 0.0:
+                return i
+        xi = x[i] / d
+        x[i] = xi
+        for p in range(crow[i], crow[i + 1]):
+            j = col[p]
+            if j != i:
+                x[j] -= vals[p] * xi
+    return -1

@@ -263,14 +263,18 @@ class _FromValues(torch.autograd.Function):
 def values_at(G: torch.Tensor, P: Pattern) -> torch.Tensor:
     """Entries of ``G`` (dense or sparse, shaped like the pattern's matrix) at P's positions."""
     if G.layout == torch.strided:
-        return G.reshape(-1)[P.linear_index]
+        return G.reshape(-1).index_select(0, P.linear_index)
     if G.layout == P.layout:
         same = False
         if G.layout == torch.sparse_csr and P.orig is not None:
-            same = (G.col_indices().data_ptr() == P.orig[1].data_ptr()
-                    and G.crow_indices().data_ptr() == P.orig[0].data_ptr())
+            gc, gr = G.col_indices(), G.crow_indices()
+            same = (gc.data_ptr() == P.orig[1].data_ptr() and gr.data_ptr() == P.orig[0].data_ptr()) or (
+                gc.shape == P.orig[1].shape and gr.shape == P.orig[0].shape
+                and torch.equal(gc, P.orig[1]) and torch.equal(gr, P.orig[0]))
         elif G.layout == torch.sparse_coo and P.orig is not None and G.is_coalesced():
-            same = G._indices().data_ptr() == P.orig[0].data_ptr()
+            gi = G._indices()
+            same = gi.data_ptr() == P.orig[0].data_ptr() or (
+                gi.shape == P.orig[0].shape and torch.equal(gi, P.orig[0]))
         if same:
             return _Values.apply(G, P) if G.requires_grad else _raw_values(G).reshape(-1)
     # general sparse gradient: match by linear position

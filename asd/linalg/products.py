@@ -99,7 +99,7 @@ def _spspmm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
         raise InputError(f"A is on {va.device} but B is on {vb.device}")
     check_dtypes(va, vb)
     PC, ka, kb, kc = _product_plan(PA, PB)
-    vc = torch.zeros(PC.nnz, dtype=va.dtype, device=va.device).index_add(0, kc, va[ka] * vb[kb])
+    vc = torch.zeros(PC.nnz, dtype=va.dtype, device=va.device).index_add(0, kc, va.index_select(0, ka) * vb.index_select(0, kb))
     return from_pattern(PC, vc)
 
 

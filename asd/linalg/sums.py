@@ -91,8 +91,8 @@ class _UnionAdd(torch.autograd.Function):
     def backward(ctx, g):
         ia, ib = ctx.saved_tensors
         alpha, beta = ctx.ab
-        ga = g[ia] * alpha if ctx.needs_input_grad[0] else None
-        gb = g[ib] * beta if ctx.needs_input_grad[1] else None
+        ga = g.index_select(0, ia) * alpha if ctx.needs_input_grad[0] else None
+        gb = g.index_select(0, ib) * beta if ctx.needs_input_grad[1] else None
         return ga, gb, None, None, None, None, None
 
 

@@ -5,16 +5,19 @@ on ``n + m`` vertices (columns first, then rows) and star-colored.  A color on t
 is one JVP (seed = the columns of that color), a color on the row side one VJP.  An entry
 ``(i, j)`` sits in a two-colored star; if the hub is column ``j`` it is read from the JVP of
 ``j``'s color at row ``i``, if the hub is row ``i`` from the VJP of ``i``'s color at column
-``j``.  Colors that no hub needs on a side are *neutral* (``-1``: that row/column is not
-seeded); with ``postprocess=True`` ambiguous (single-edge) stars pick their hub so as to need
-as few colors as possible.
+``j``.  Without post-processing every color present on a side is seeded (single-edge stars
+are read from the JVP side).  With ``postprocess=True`` single-edge stars pick their hub so as
+to need as few colors as possible, and colors that no hub needs on a side become *neutral*
+(``-1``: that row/column is not seeded).  For every order the vertex order is computed in two
+layouts of the bipartite graph (columns first / rows first) and the coloring with fewer AD
+passes is kept.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from asd.coloring.graphs import heavy_vertices, augmented, csr_rows, transpose_csr, transpose_positions
+from asd.coloring.graphs import augmented, csr_rows, heavy_vertices, transpose_csr, transpose_positions
 from asd.coloring.orders import vertex_order
 from asd.coloring.result import Coloring, DecompressionPlan
 from asd.coloring.star import renumber, star_endpoints

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asd.coloring.graphs import heavy_vertices, csr_rows, transpose_positions
+from asd.coloring.graphs import csr_rows, heavy_vertices, transpose_positions
 from asd.coloring.orders import vertex_order
 from asd.coloring.result import Coloring, DecompressionPlan
 

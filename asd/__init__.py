@@ -4,17 +4,19 @@ Sparsity detection by index-set tracing, graph coloring, compressed JVPs/VJPs/HV
 decompression into CSR Jacobians and Hessians.
 """
 
-from .api import clear_cache, prepare_jacobian, sparse_jacobian, to_scipy
+from .api import (clear_cache, gradient_and_hessian, prepare_hessian, prepare_jacobian, sparse_hessian,
+                  sparse_jacobian, to_scipy)
 from .coloring import Coloring, color
-from .detection import jacobian_sparsity
+from .detection import hessian_sparsity, jacobian_sparsity
 from .errors import (AsdError, ColoringError, ConvergenceWarning, DecompressionError, InputError, TracingError,
                      UnsupportedOpError, UnsupportedOpWarning)
-from .operators import SparseJacobian
+from .operators import SparseHessian, SparseJacobian
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "jacobian_sparsity", "color", "Coloring", "sparse_jacobian", "prepare_jacobian", "SparseJacobian",
+    "jacobian_sparsity", "hessian_sparsity", "color", "Coloring", "sparse_jacobian", "prepare_jacobian",
+    "SparseJacobian", "sparse_hessian", "prepare_hessian", "SparseHessian", "gradient_and_hessian",
     "clear_cache", "to_scipy", "AsdError", "TracingError", "UnsupportedOpError", "UnsupportedOpWarning",
     "ColoringError", "DecompressionError", "InputError", "ConvergenceWarning",
 ]

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 import torch
 
 from .detection.jacobian import check_input
-from .operators import CACHE, SparseJacobian, cache_key
+from .operators import CACHE, SparseHessian, SparseJacobian, cache_key
 
 
 def prepare_jacobian(f: Callable, x: torch.Tensor, **options) -> SparseJacobian:
@@ -44,13 +44,52 @@ def sparse_jacobian(f: Callable, x: torch.Tensor, *, mode: str = "auto", **optio
     with ``local=True`` hold at one point only and are never cached. ``asd.clear_cache()``
     empties the cache.
     """
+    options["mode"] = mode
+    return _cached("jacobian", SparseJacobian, f, x, options)(x)
+
+
+def prepare_hessian(f: Callable, x: torch.Tensor, **options) -> SparseHessian:
+    """Detect, color and prepare the sparse Hessian of the scalar function ``f``.
+
+    See :class:`asd.SparseHessian` for the options. The returned operator is callable on new
+    inputs of the same shape, dtype and device and returns symmetric ``torch.sparse_csr`` Hessians
+    (both triangles stored).
+    """
+    return SparseHessian(f, x, **options)
+
+
+def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict):
     check_input(x)
     use_cache = options.pop("cache", True) and not options.get("local", False) and "pattern" not in options
-    options["mode"] = mode
     if not use_cache:
-        return SparseJacobian(f, x, **options)(x)
-    op = CACHE.get_or_create(cache_key("jacobian", f, x, options), lambda: SparseJacobian(f, x, **options))
-    return op(x)
+        return cls(f, x, **options)
+    return CACHE.get_or_create(cache_key(kind, f, x, options), lambda: cls(f, x, **options))
+
+
+def sparse_hessian(f: Callable, x: torch.Tensor, **options) -> torch.Tensor:
+    """The Hessian of the scalar function ``f`` at ``x`` as a symmetric ``torch.sparse_csr`` tensor.
+
+    Parameters
+    ----------
+    f
+        Function of one tensor returning a tensor with one element.
+    x
+        Input of any shape; the Hessian has shape ``(x.numel(), x.numel())``, ``x``'s dtype and device.
+    **options
+        ``coloring`` (``"star"`` or ``"acyclic"``; default: star unless acyclic saves colors),
+        ``order``, ``hvp``, ``batch_size``, ``compile``, ``local``, ``strict``, ``pattern`` (see
+        :class:`asd.SparseHessian`) and ``cache`` (default ``True``, as for :func:`sparse_jacobian`).
+    """
+    return _cached("hessian", SparseHessian, f, x, options)(x)
+
+
+def gradient_and_hessian(f: Callable, x: torch.Tensor, **options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(f(x), grad f(x), sparse Hessian)`` from one batched forward-over-reverse evaluation.
+
+    The combination Newton and interior-point solvers need; options and caching as for
+    :func:`sparse_hessian`.
+    """
+    return _cached("hessian", SparseHessian, f, x, options).value_grad_hessian(x)
 
 
 def clear_cache() -> None:

@@ -15,13 +15,16 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .backends.torch_func import Products, flatten_function
+from .backends.torch_func import Products, flatten_function, scalar_function
 from .decompression import Decompressor
 from .detection.jacobian import check_input
 from .errors import InputError
 
 JACOBIAN_COLORINGS = ("column", "row", "bidirectional")
+HESSIAN_COLORINGS = ("star", "acyclic")
 MODES = ("auto", "forward", "reverse")
+HVP_MODES = ("forward_over_reverse", "reverse_over_forward")
+MAX_GPU_SUBSTITUTION_LEVELS = 64
 
 
 def seed_matrix(colors: np.ndarray, ncolors: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -45,7 +48,58 @@ def _check_call_input(x, shape, dtype, device, what: str) -> None:
         raise InputError(f"{what} was prepared for device {device}, got {x.device}; move x with x.to('{device}')")
 
 
-class SparseJacobian:
+class _SparseOperator:
+    """Evaluation shared by the prepared operators: batched products, fused or separate decompression."""
+
+    _what = "this operator"
+
+    def _setup(self, g: Callable, seeds: list, coloring, x: torch.Tensor, batch_size, compile) -> None:
+        self._seeds = seeds
+        self._decompress = Decompressor(coloring, x.device)
+        # one batch, direct plan: the gather runs inside the (possibly compiled) product function
+        self._fused = (len(seeds) == 1 and self._decompress.index is not None
+                       and (batch_size is None or batch_size >= seeds[0][1].shape[0]))
+        gather = self._decompress.index if self._fused else None
+        self._products = {kind: Products(g, kind, batch_size=batch_size, compile=compile, gather=gather)
+                          for kind, _ in seeds}
+
+    def _check(self, x) -> None:
+        _check_call_input(x, self.shape, self.dtype, self.device, self._what)
+
+    @property
+    def ncolors(self) -> int:
+        """Number of batched products per evaluation."""
+        return int(self.coloring.ncolors)
+
+    def compressed(self, x: torch.Tensor) -> torch.Tensor:
+        """The flat compressed product (batch-first layout of the coloring's plan)."""
+        self._check(x)
+        xf = x.reshape(-1)
+        parts = []
+        for kind, seeds in self._seeds:
+            if seeds.shape[0]:
+                products = self._products[kind]
+                if products.gather is not None:  # the fused path returns values: evaluate unfused
+                    products = Products(products._g, kind, batch_size=products.batch_size)
+                parts.append(products(xf, seeds).reshape(-1))
+        if not parts:
+            return xf.new_zeros(0)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def values(self, x: torch.Tensor) -> torch.Tensor:
+        """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure."""
+        if self._fused:
+            self._check(x)
+            kind, seeds = self._seeds[0]
+            return self._products[kind](x.reshape(-1), seeds)
+        return self._decompress.values(self.compressed(x))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The derivative at ``x`` as a ``torch.sparse_csr`` tensor."""
+        return self._decompress.csr(self.values(x))
+
+
+class SparseJacobian(_SparseOperator):
     """A reusable sparse Jacobian of ``f`` for inputs shaped like ``x``.
 
     Parameters
@@ -85,6 +139,8 @@ class SparseJacobian:
     timings : dict
         Seconds spent in ``detection`` and ``coloring`` while preparing.
     """
+
+    _what = "this SparseJacobian"
 
     def __init__(self, f: Callable, x: torch.Tensor, *, mode: str = "auto", coloring: str | None = None,
                  order: str = "natural", batch_size: int | None = None, compile: bool = False,
@@ -132,57 +188,119 @@ class SparseJacobian:
 
         g = flatten_function(f, x.shape)
         if result.problem == "column":
-            self._seeds = [("jvp", seed_matrix(result.colors, result.ncolors, x.dtype, x.device))]
+            seeds = [("jvp", seed_matrix(result.colors, result.ncolors, x.dtype, x.device))]
         elif result.problem == "row":
-            self._seeds = [("vjp", seed_matrix(result.colors, result.ncolors, x.dtype, x.device))]
+            seeds = [("vjp", seed_matrix(result.colors, result.ncolors, x.dtype, x.device))]
         else:
             row_colors, col_colors = result.colors
             nr, nc = result.nrow_colors, result.ncol_colors
-            self._seeds = [("jvp", seed_matrix(col_colors, nc, x.dtype, x.device)),
-                           ("vjp", seed_matrix(row_colors, nr, x.dtype, x.device))]
-        self._decompress = Decompressor(result, x.device)
-        # one batch, direct plan: the gather runs inside the (possibly compiled) product function
-        self._fused = (len(self._seeds) == 1 and self._decompress.index is not None
-                       and (batch_size is None or batch_size >= self._seeds[0][1].shape[0]))
-        gather = self._decompress.index if self._fused else None
-        self._products = {kind: Products(g, kind, batch_size=batch_size, compile=compile, gather=gather)
-                          for kind, _ in self._seeds}
-
-    @property
-    def ncolors(self) -> int:
-        """Number of batched products (JVPs + VJPs) per evaluation."""
-        return int(self.coloring.ncolors)
-
-    def compressed(self, x: torch.Tensor) -> torch.Tensor:
-        """The flat compressed product (batch-first layout of the coloring's plan)."""
-        _check_call_input(x, self.shape, self.dtype, self.device, "this SparseJacobian")
-        xf = x.reshape(-1)
-        parts = []
-        for kind, seeds in self._seeds:
-            if seeds.shape[0]:
-                products = self._products[kind]
-                if products.gather is not None:  # the fused path returns values: evaluate unfused
-                    products = Products(products._g, kind, batch_size=products.batch_size)
-                parts.append(products(xf, seeds).reshape(-1))
-        if not parts:
-            return xf.new_zeros(0)
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """The Jacobian at ``x`` as a ``torch.sparse_csr`` tensor of shape ``(f(x).numel(), x.numel())``."""
-        return self._decompress.csr(self.values(x))
-
-    def values(self, x: torch.Tensor) -> torch.Tensor:
-        """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure."""
-        if self._fused:
-            _check_call_input(x, self.shape, self.dtype, self.device, "this SparseJacobian")
-            kind, seeds = self._seeds[0]
-            return self._products[kind](x.reshape(-1), seeds)
-        return self._decompress.values(self.compressed(x))
+            seeds = [("jvp", seed_matrix(col_colors, nc, x.dtype, x.device)),
+                     ("vjp", seed_matrix(row_colors, nr, x.dtype, x.device))]
+        self._setup(g, seeds, result, x, batch_size, compile)
 
     def __repr__(self) -> str:
         m, n = self.pattern.shape
         return (f"SparseJacobian(shape=({m}, {n}), nnz={self.pattern.nnz}, mode={self.mode!r}, "
+                f"ncolors={self.ncolors})")
+
+
+class SparseHessian(_SparseOperator):
+    """A reusable sparse Hessian of the scalar function ``f`` for inputs shaped like ``x``.
+
+    Parameters
+    ----------
+    f
+        Function of one tensor returning a tensor with one element.
+    x
+        Example input: fixes shape, dtype and device.
+    coloring
+        ``"star"`` (direct decompression), ``"acyclic"`` (fewer colors, substitution) or ``None``:
+        star, unless acyclic needs fewer colors (and, off the CPU, its substitution has at most
+        ``MAX_GPU_SUBSTITUTION_LEVELS`` sequential levels).
+    order
+        Vertex order of the coloring (see :data:`asd.coloring.ORDERS`, or ``"best"``).
+    hvp
+        ``"forward_over_reverse"`` (``jvp`` of ``grad``, the default) or ``"reverse_over_forward"``.
+    batch_size, compile, local, strict, pattern
+        As for :class:`SparseJacobian`.
+
+    Attributes
+    ----------
+    pattern : scipy.sparse.csr_array
+        Symmetric pattern, both triangles.
+    coloring : asd.Coloring
+    ncolors : int
+    timings : dict
+    """
+
+    _what = "this SparseHessian"
+
+    def __init__(self, f: Callable, x: torch.Tensor, *, coloring: str | None = None, order: str = "natural",
+                 hvp: str = "forward_over_reverse", batch_size: int | None = None, compile: bool = False,
+                 local: bool = False, strict: bool = False, pattern=None):
+        from .coloring import color
+        from .detection.hessian import hessian_sparsity
+
+        check_input(x)
+        if coloring is not None and coloring not in HESSIAN_COLORINGS:
+            raise InputError(f"a Hessian coloring must be one of {HESSIAN_COLORINGS}, got {coloring!r}")
+        if hvp not in HVP_MODES:
+            raise InputError(f"hvp must be one of {HVP_MODES}, got {hvp!r}")
+        self.f = f
+        self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
+        self.timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        if pattern is None:
+            pattern = hessian_sparsity(f, x, local=local, strict=strict)
+        else:
+            pattern = sp.csr_array(pattern, dtype=bool)
+            if pattern.shape != (x.numel(), x.numel()):
+                raise InputError(f"a Hessian pattern must be ({x.numel()}, {x.numel()}), got {pattern.shape}")
+        self.pattern = pattern
+        t1 = time.perf_counter()
+        self.timings["detection"] = t1 - t0
+        if coloring is None:
+            star = color(pattern, "star", order=order)
+            acyclic = color(pattern, "acyclic", order=order)
+            # off the CPU, substitution runs level by level: worth it only for shallow trees
+            shallow = x.device.type == "cpu" or acyclic.plan.nlevels <= MAX_GPU_SUBSTITUTION_LEVELS
+            result = acyclic if acyclic.ncolors < star.ncolors and shallow else star
+        else:
+            result = color(pattern, coloring, order=order)
+        self.coloring = result
+        self.timings["coloring"] = time.perf_counter() - t1
+        self.hvp = hvp
+        self._g = scalar_function(f, x.shape)
+        seeds = [("hvp" if hvp == "forward_over_reverse" else "hvp_rev",
+                  seed_matrix(result.colors, result.ncolors, x.dtype, x.device))]
+        self._setup(self._g, seeds, result, x, batch_size, compile)
+        self._with_grad = None
+        self._batch_size, self._compile = batch_size, compile
+
+    def value_grad_hessian(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(f(x), grad f(x), Hessian)`` from one batched forward-over-reverse evaluation.
+
+        The gradient has ``x``'s shape; the Hessian is ``torch.sparse_csr``.
+        """
+        self._check(x)
+        if self._with_grad is None:
+            self._with_grad = Products(self._g, "value_grad_hvp", compile=self._compile)
+        _, seeds = self._seeds[0]
+        xf = x.reshape(-1)
+        if seeds.shape[0] == 0:
+            value, grad = torch.func.grad_and_value(self._g)(xf)[::-1]
+            return value, grad.reshape(self.shape), self._decompress.csr(xf.new_zeros(0))
+        k = seeds.shape[0] if self._batch_size is None else self._batch_size
+        parts, value, grad = [], None, None
+        for i in range(0, seeds.shape[0], k):
+            value, grad, hs = self._with_grad(xf, seeds[i:i + k])
+            parts.append(hs.reshape(-1))
+        H = self._decompress(torch.cat(parts) if len(parts) > 1 else parts[0])
+        return value, grad.reshape(self.shape), H
+
+    def __repr__(self) -> str:
+        n = self.pattern.shape[0]
+        return (f"SparseHessian(shape=({n}, {n}), nnz={self.pattern.nnz}, coloring={self.coloring.problem!r}, "
                 f"ncolors={self.ncolors})")
 
 

@@ -28,10 +28,12 @@ def _transpose(A: torch.Tensor) -> torch.Tensor:
     hit = _TRANSPOSES.get(id(A))
     if hit is not None and hit[0]() is A:
         return hit[1]
-    if A.layout == torch.sparse_coo:
-        At = A.t().coalesce()
-    else:
-        At = A.to_sparse_coo().t().coalesce().to_sparse_csr()
+    # a constant: computed outside any torch.func transform that may be active around this call
+    with torch._C._DisableFuncTorch(), torch.no_grad():
+        if A.layout == torch.sparse_coo:
+            At = A.t().coalesce()
+        else:
+            At = A.to_sparse_coo().t().coalesce().to_sparse_csr()
     key = id(A)
     _TRANSPOSES[key] = (weakref.ref(A), At)
     weakref.finalize(A, _TRANSPOSES.pop, key, None)

@@ -14,12 +14,12 @@ import warnings
 from typing import Callable
 
 import torch
-from torch.func import grad, jvp, vjp, vmap
+from torch.func import grad, grad_and_value, jvp, vjp, vmap
 
 from ..errors import InputError
 from .sparse_constants import SparseConstantMode
 
-KINDS = ("jvp", "vjp", "hvp", "hvp_rev")
+KINDS = ("jvp", "vjp", "hvp", "hvp_rev", "value_grad_hvp")
 
 
 def flatten_function(f: Callable, shape: torch.Size) -> Callable:
@@ -59,6 +59,13 @@ def _batched(kind: str, g: Callable) -> Callable:
 
         def run(x, seeds):
             return vmap(lambda s: jvp(dg, (x,), (s,))[1])(seeds)
+    elif kind == "value_grad_hvp":
+        # forward-over-reverse with the primal kept: (f(x), grad f(x), H @ seeds) in one evaluation
+        gv = grad_and_value(g)
+
+        def run(x, seeds):
+            (gr, val), (hs, _) = vmap(lambda s: jvp(gv, (x,), (s,)), out_dims=((None, None), (0, 0)))(seeds)
+            return val, gr, hs
     elif kind == "hvp_rev":
         def run(x, seeds):
             def hv(s):

@@ -37,7 +37,7 @@ class Decompressor:
             self.index = torch.as_tensor(np.asarray(self.plan.gather, dtype=np.int64)).to(self.device)
         else:
             self.index = None
-            self.prepared = prepare_substitution(self.plan, self.device)
+            self._prepared = None  # level-wise index tensors, built on first use off the CPU fast path
 
     def values(self, compressed: torch.Tensor) -> torch.Tensor:
         """Values of the stored entries, in CSR order, from the flat compressed buffer."""
@@ -48,7 +48,9 @@ class Decompressor:
             return gather(self.index, compressed)
         if compressed.device.type == "cpu" and not compressed.requires_grad:
             return substitute(self.plan, compressed).to(compressed.dtype)
-        return substitute(self.prepared, compressed)
+        if self._prepared is None:
+            self._prepared = prepare_substitution(self.plan, self.device)
+        return substitute(self._prepared, compressed)
 
     def csr(self, values: torch.Tensor) -> torch.Tensor:
         """A ``torch.sparse_csr`` tensor with this pattern and ``values``."""

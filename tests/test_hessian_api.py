@@ -1,0 +1,111 @@
+"""Sparse Hessians end to end: values against torch.func.hessian in float64, options, errors."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given, settings, strategies as st
+
+import asd
+from asd.coloring import check
+from asd.problems import rosenbrock, total_variation
+
+
+def assert_hessian(H, f, x, atol=1e-9):
+    assert H.layout == torch.sparse_csr and H.dtype == x.dtype
+    Hd = torch.func.hessian(lambda v: f(v.reshape(x.shape)).reshape(()))(x.reshape(-1))
+    torch.testing.assert_close(H.to_dense(), Hd, atol=atol, rtol=1e-9)
+    Hs = H.to_dense()
+    torch.testing.assert_close(Hs, Hs.T)  # both triangles stored
+
+
+@pytest.mark.parametrize("coloring", ["star", "acyclic", None])
+@pytest.mark.parametrize("hvp", ["forward_over_reverse", "reverse_over_forward"])
+def test_rosenbrock(coloring, hvp):
+    x = torch.rand(60, dtype=torch.float64)
+    op = asd.prepare_hessian(rosenbrock, x, coloring=coloring, hvp=hvp)
+    assert_hessian(op(x), rosenbrock, x)
+    check(op.pattern, op.coloring)
+    if coloring == "star":
+        assert op.ncolors == 3
+    x2 = torch.rand(60, dtype=torch.float64)
+    assert_hessian(op(x2), rosenbrock, x2)
+
+
+@pytest.mark.parametrize("coloring", ["star", "acyclic"])
+def test_total_variation(coloring):
+    f = total_variation(7)
+    x = torch.rand(49, dtype=torch.float64)
+    assert_hessian(asd.sparse_hessian(f, x, coloring=coloring), f, x)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 30), density=st.floats(0.0, 0.4), seed=st.integers(0, 2**16),
+       coloring=st.sampled_from(["star", "acyclic"]))
+def test_quadratic_form_with_sparse_constant(n, density, seed, coloring):
+    rng = np.random.default_rng(seed)
+    M = sp.random(n, n, density=density, random_state=rng, format="csr")
+    Md = torch.tensor(M.toarray())
+    A = Md.to_sparse_csr()
+
+    def f(x):
+        return (x * (A @ x)).sum() + torch.cos(x).sum()
+
+    x = torch.randn(n, dtype=torch.float64)
+    H = asd.sparse_hessian(f, x, coloring=coloring, cache=False)
+    assert_hessian(H, lambda x: (x * (Md @ x)).sum() + torch.cos(x).sum(), x)
+    # exact pattern: structure of A + A^T plus the diagonal of cos
+    expected = ((Md != 0) | (Md != 0).T | torch.eye(n, dtype=torch.bool)).numpy()
+    assert (asd.hessian_sparsity(f, x).toarray() == expected).all()
+
+
+def test_gradient_and_hessian_one_evaluation():
+    x = torch.rand(3, 8, dtype=torch.float64)
+
+    def f(X):
+        return (X[:, 1:] * X[:, :-1]).sin().sum() + (X ** 3).sum()
+
+    v, g, H = asd.gradient_and_hessian(f, x)
+    torch.testing.assert_close(v, f(x))
+    torch.testing.assert_close(g, torch.func.grad(f)(x))
+    assert g.shape == x.shape
+    assert_hessian(H, f, x)
+
+
+def test_zero_hessian_and_linear_function():
+    x = torch.rand(5, dtype=torch.float64)
+    H = asd.sparse_hessian(lambda v: (3 * v).sum(), x)
+    assert H._nnz() == 0 and H.shape == (5, 5)
+    v, g, H = asd.gradient_and_hessian(lambda v: (3 * v).sum(), x)
+    torch.testing.assert_close(g, torch.full_like(x, 3.0))
+
+
+def test_batch_size_and_compile():
+    x = torch.rand(40, dtype=torch.float64)
+    assert_hessian(asd.sparse_hessian(rosenbrock, x, coloring="star", batch_size=1, cache=False), rosenbrock, x)
+    op = asd.prepare_hessian(rosenbrock, x, coloring="star", compile=True)
+    assert_hessian(op(x), rosenbrock, x)
+
+
+def test_cache_for_hessians():
+    from asd.operators import CACHE
+
+    x = torch.rand(10, dtype=torch.float64)
+    asd.sparse_hessian(rosenbrock, x)
+    asd.sparse_hessian(rosenbrock, x + 1)
+    assert CACHE.hits == 1
+
+
+def test_errors():
+    x = torch.rand(4, dtype=torch.float64)
+    with pytest.raises(asd.InputError, match="one element|scalar"):
+        asd.sparse_hessian(lambda v: v * v, x)
+    with pytest.raises(asd.InputError, match="coloring"):
+        asd.prepare_hessian(rosenbrock, x, coloring="column")
+    with pytest.raises(asd.InputError, match="hvp"):
+        asd.prepare_hessian(rosenbrock, x, hvp="sideways")
+    with pytest.raises(asd.InputError, match="floating-point"):
+        asd.sparse_hessian(rosenbrock, torch.arange(4))
+    op = asd.prepare_hessian(rosenbrock, x)
+    with pytest.raises(asd.InputError, match="shape"):
+        op(torch.rand(5, dtype=torch.float64))

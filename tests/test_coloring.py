@@ -145,3 +145,13 @@ def test_deterministic_all_problems(problem):
             np.testing.assert_array_equal(a.colors, b.colors)
         if a.plan.kind == "direct":
             np.testing.assert_array_equal(a.plan.gather, b.plan.gather)
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (1, 1), (0, 3), (3, 0), (2, 2), (1, 5)])
+def test_degenerate_shapes(shape):
+    for problem in C.PROBLEMS:
+        if problem in ("star", "acyclic") and shape[0] != shape[1]:
+            continue
+        for A in (np.zeros(shape, dtype=bool), np.ones(shape, dtype=bool)):
+            for order in ("natural", "smallest_last", "best"):
+                C.check(A, C.color(A, problem, order, postprocess=True))

@@ -67,7 +67,8 @@ def color_bidirectional(ptr, idx, shape, order, seed=0, postprocess=False, perm=
     if nv == 0:
         z = np.zeros(0, dtype=np.int64)
         plan = DecompressionPlan("direct", ((0, m), (0, n)), 0, gather=z)
-        return Coloring("bidirectional", order, shape, (z.copy(), z.copy()), 0, ptr, idx, plan)
+        return Coloring("bidirectional", order, shape, (z.copy(), z.copy()), 0, ptr, idx, plan,
+                        meta={"augmented_colors": z.copy()})
     aptr, aidx, apos = augmented(ptr, idx, shape)
     atpos = transpose_positions(aptr, aidx)
     rows = csr_rows(ptr)

@@ -34,7 +34,7 @@ def test_random_bidirectional(order, postprocess):
 
 def test_antidiagonal_neutral():
     A = np.fliplr(np.eye(4, dtype=bool))
-    assert C.color(A, "bidirectional").ncolors == 2
+    assert C.color(A, "bidirectional").ncolors <= 2  # star bicoloring: 2; one-sided fallback: 1
     r = C.color(A, "bidirectional", postprocess=True)
     assert r.ncolors == 1
     rc, cc = r.colors

@@ -10,7 +10,9 @@ are read from the JVP side).  With ``postprocess=True`` single-edge stars pick t
 to need as few colors as possible, and colors that no hub needs on a side become *neutral*
 (``-1``: that row/column is not seeded).  For every order the vertex order is computed in two
 layouts of the bipartite graph (columns first / rows first) and the coloring with fewer AD
-passes is kept.
+passes is kept; so is a one-sided coloring (column or row partial distance-2 coloring in the
+same order, the other side all neutral) when it needs fewer passes - a bidirectional coloring
+is therefore never worse than the column or row coloring of the same order.
 """
 
 from __future__ import annotations
@@ -58,6 +60,24 @@ def _bicolor(perm, ptr, idx, shape, aptr, aidx, apos, atpos, rows, postprocess):
     return rc, cc, ncc + nrc, plan, colors
 
 
+def _one_sided(side, ptr, idx, shape, order, seed, rows):
+    """A column (or row) coloring written as a bicoloring whose other side is neutral."""
+    from asd.coloring.greedy import color_partial
+
+    m, n = shape
+    r = color_partial(ptr, idx, shape, side, order, seed)
+    k = r.ncolors
+    if side == "column":
+        cc, rc = r.colors, np.full(m, -1, dtype=np.int64)
+        plan = DecompressionPlan("direct", ((k, m), (0, n)), len(idx), gather=r.plan.gather)
+        acolors = np.concatenate([cc, np.full(m, k, dtype=np.int64)])
+    else:
+        cc, rc = np.full(n, -1, dtype=np.int64), r.colors
+        plan = DecompressionPlan("direct", ((0, m), (k, n)), len(idx), gather=r.plan.gather)
+        acolors = np.concatenate([np.full(n, k, dtype=np.int64), rc])
+    return rc, cc, k, plan, acolors
+
+
 def color_bidirectional(ptr, idx, shape, order, seed=0, postprocess=False, perm=None) -> Coloring:
     """Star bicoloring.  The order is computed on the bipartite graph in two layouts
     (columns first, rows first - they differ in tie-breaking, decisive e.g. for ``natural``);
@@ -72,7 +92,8 @@ def color_bidirectional(ptr, idx, shape, order, seed=0, postprocess=False, perm=
     aptr, aidx, apos = augmented(ptr, idx, shape)
     atpos = transpose_positions(aptr, aidx)
     rows = csr_rows(ptr)
-    if perm is not None:
+    explicit = perm is not None
+    if explicit:
         perms = (perm,)  # explicit vertex order of the augmented graph (columns, then rows)
     else:
         perm1 = vertex_order(order, nv, False, aptr, aidx, seed=seed)
@@ -86,6 +107,16 @@ def color_bidirectional(ptr, idx, shape, order, seed=0, postprocess=False, perm=
         res = _bicolor(perm, ptr, idx, shape, aptr, aidx, apos, atpos, rows, postprocess)
         if best is None or res[2] < best[2]:
             best = res
+    if not explicit:
+        # lower bounds of the one-sided colorings: the densest row / column
+        lb = {"column": int(np.diff(ptr).max()) if m else 0,
+              "row": int(np.bincount(idx, minlength=n).max()) if n and len(idx) else 0}
+        for side in ("column", "row"):
+            if lb[side] >= best[2]:
+                continue
+            res = _one_sided(side, ptr, idx, shape, order, seed, rows)
+            if res[2] < best[2]:
+                best = res
     rc, cc, k, plan, acolors = best
     return Coloring("bidirectional", order, shape, (rc, cc), k, ptr, idx, plan,
                     meta={"augmented_colors": acolors})

@@ -80,10 +80,12 @@ class HessianTracer(Tracer):
         self._pending = 0
 
     # -- accumulation ---------------------------------------------------------------------------
-    def _add(self, M: sp.spmatrix) -> None:
+    def _add(self, M: sp.spmatrix, symmetric: bool = True) -> None:
         if M.nnz == 0:
             return
         M = M.tocsr()
+        if not symmetric:
+            M = (M + M.T.tocsr()).tocsr()
         self._pieces.append(M)
         self._pending += M.nnz
         if self._pending > self.MERGE_NNZ and len(self._pieces) > 1:
@@ -96,15 +98,13 @@ class HessianTracer(Tracer):
             self._add(_gram(G, G))
 
     def add_cross(self, Ga: sp.csr_matrix | None, Gb: sp.csr_matrix | None) -> None:
-        """``H |= Ga^T Gb`` (symmetrized at the end)."""
+        """``H |= Ga^T Gb + Gb^T Ga``."""
         if Ga is not None and Gb is not None and Ga.nnz and Gb.nnz:
-            self._add(_gram(Ga, Gb))
+            self._add(_gram(Ga, Gb), symmetric=Ga is Gb)
 
     def pattern(self) -> sp.csr_matrix:
         """The accumulated symmetric pattern (bool CSR, sorted indices)."""
-        H = _sum(self._pieces, self.n)
-        H = H + H.T.tocsr()
-        return S._canonical(H)
+        return _sum(self._pieces, self.n)  # every piece is symmetric
 
     # -- the hook -------------------------------------------------------------------------------
     def observe(self, call: Call, rule: Rule | None, out_sets: list) -> None:
@@ -247,7 +247,10 @@ def _sum(pieces: list, n: int) -> sp.csr_matrix:
     out = pieces[0]
     for p in pieces[1:]:
         out = out + p
-    return S._canonical(out)
+    if out.dtype != np.bool_:
+        out = out.astype(bool)
+    out.sort_indices()
+    return out
 
 
 def hessian_sparsity(f: Callable, x: torch.Tensor, *, local: bool = False, strict: bool = False) -> sp.csr_array:

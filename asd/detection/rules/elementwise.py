@@ -115,12 +115,11 @@ NONLINEAR_UNARY = aten_ops(
     "special_bessel_j0", "special_bessel_j1", "special_spherical_bessel_j0", "gelu", "silu",
     "mish", "elu", "celu", "selu", "softplus", "log_sigmoid_forward", "mvlgamma", "square",
     "pow", "float_power", "xlogy", "logaddexp", "logaddexp2", "hypot", "atan2", "arctan2",
-    "igamma", "igammac", "hardswish", "ldexp", "polar", "erfinv_", "nan_to_num", "angle", "exp_", "log_", "sqrt_",
+    "igamma", "igammac", "ldexp", "polar", "erfinv_", "nan_to_num", "angle", "exp_", "log_", "sqrt_",
     "sin_", "cos_", "tanh_", "sigmoid_", "pow_", "reciprocal_", "rsqrt_",
 )
 PIECEWISE_LINEAR = aten_ops(
-    "abs", "abs_", "fmax", "fmin", "maximum", "minimum", "hardtanh", "hardtanh_", "leaky_relu",
-    "leaky_relu_", "softshrink", "hardshrink", "threshold", "threshold_", "hardsigmoid",
+    "abs", "abs_", "leaky_relu", "leaky_relu_", "softshrink", "hardshrink",
     "fmod", "remainder", "rrelu_with_noise", "frexp",
 )
 LINEAR = aten_ops(
@@ -162,3 +161,67 @@ register_rule(aten_ops("relu", "relu_"), _masked_by_value(lambda x, b: x > 0), s
 register_rule(aten_ops("clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_", "clamp_max",
                        "clamp_max_"),
               _masked_by_value(_clamp_keep), second_order="linear", family="elementwise")
+
+
+def _choose(pick_self):
+    """Local tracing of maximum/minimum/fmax/fmin: each output follows the operand it selects
+    (both on ties); global: the union."""
+
+    def rule(call: Call) -> list:
+        b = call.bound()
+        a, o = b["self"], b["other"]
+        out = call.outs[0]
+        if not call.local or any(isinstance(t, TracedTensor) and t.primal.is_meta for t in (a, o)):
+            return broadcast_union(call)
+        av = (a.primal if isinstance(a, TracedTensor) else a).broadcast_to(out.shape)
+        ov = (o.primal if isinstance(o, TracedTensor) else o).broadcast_to(out.shape)
+        take_a, take_o = pick_self(av, ov)
+        parts = []
+        for t, keep in ((a, take_a), (o, take_o)):
+            s = operand_sets(call, t, out)
+            if s is not None:
+                k = keep.reshape(-1).cpu().numpy()
+                parts.append(S.take_rows(s, np.where(k, np.arange(len(k)), -1)))
+        return [S.union(parts, out.numel(), call.n)]
+
+    return rule
+
+
+def _max_pick(a, o):
+    return (a >= o) | torch.isnan(a), (o >= a) | torch.isnan(o)
+
+
+def _min_pick(a, o):
+    return (a <= o) | torch.isnan(a), (o <= a) | torch.isnan(o)
+
+
+def _fmax_pick(a, o):
+    return ((a >= o) | torch.isnan(o)) & ~torch.isnan(a), ((o >= a) | torch.isnan(a)) & ~torch.isnan(o)
+
+
+def _fmin_pick(a, o):
+    return ((a <= o) | torch.isnan(o)) & ~torch.isnan(a), ((o <= a) | torch.isnan(a)) & ~torch.isnan(o)
+
+
+register_rule(aten_ops("maximum"), _choose(_max_pick), second_order="linear", family="elementwise")
+register_rule(aten_ops("minimum"), _choose(_min_pick), second_order="linear", family="elementwise")
+register_rule(aten_ops("fmax"), _choose(_fmax_pick), second_order="linear", family="elementwise")
+register_rule(aten_ops("fmin"), _choose(_fmin_pick), second_order="linear", family="elementwise")
+
+
+def _between(lo_name, hi_name, lo_default, hi_default):
+    def keep(x, b):
+        lo = b.get(lo_name, lo_default) if lo_name else lo_default
+        hi = b.get(hi_name, hi_default) if hi_name else hi_default
+        return (x >= lo) & (x <= hi)
+    return keep
+
+
+register_rule(aten_ops("hardtanh", "hardtanh_"), _masked_by_value(_between("min_val", "max_val", -1.0, 1.0)),
+              second_order="linear", family="elementwise")
+register_rule(aten_ops("hardsigmoid", "hardsigmoid_"), _masked_by_value(_between(None, None, -3.0, 3.0)),
+              second_order="linear", family="elementwise")
+register_rule(aten_ops("hardswish", "hardswish_"), _masked_by_value(lambda x, b: x >= -3.0),
+              second_order="nonlinear", family="elementwise")
+register_rule(aten_ops("threshold", "threshold_"), _masked_by_value(lambda x, b: x > b["threshold"]),
+              second_order="linear", family="elementwise")

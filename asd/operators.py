@@ -23,7 +23,7 @@ from .errors import InputError
 JACOBIAN_COLORINGS = ("column", "row", "bidirectional")
 HESSIAN_COLORINGS = ("star", "acyclic")
 MODES = ("auto", "forward", "reverse")
-HVP_MODES = ("forward_over_reverse", "reverse_over_forward")
+HVP_MODES = ("auto", "forward_over_reverse", "reverse_over_forward")
 MAX_GPU_SUBSTITUTION_LEVELS = 64
 
 
@@ -220,7 +220,9 @@ class SparseHessian(_SparseOperator):
     order
         Vertex order of the coloring (see :data:`asd.coloring.ORDERS`, or ``"best"``).
     hvp
-        ``"forward_over_reverse"`` (``jvp`` of ``grad``, the default) or ``"reverse_over_forward"``.
+        ``"forward_over_reverse"`` (``jvp`` of ``grad``), ``"reverse_over_forward"`` (``grad`` of
+        ``jvp``) or ``"auto"``: reverse-over-forward when evaluating eagerly (PyTorch's eager
+        forward mode is the slower), forward-over-reverse with ``compile=True``.
     batch_size, compile, local, strict, pattern
         As for :class:`SparseJacobian`.
 
@@ -236,7 +238,7 @@ class SparseHessian(_SparseOperator):
     _what = "this SparseHessian"
 
     def __init__(self, f: Callable, x: torch.Tensor, *, coloring: str | None = None, order: str = "natural",
-                 hvp: str = "forward_over_reverse", batch_size: int | None = None, compile: bool = False,
+                 hvp: str = "auto", batch_size: int | None = None, compile: bool = False,
                  local: bool = False, strict: bool = False, pattern=None):
         from .coloring import color
         from .detection.hessian import hessian_sparsity
@@ -269,6 +271,8 @@ class SparseHessian(_SparseOperator):
             result = color(pattern, coloring, order=order)
         self.coloring = result
         self.timings["coloring"] = time.perf_counter() - t1
+        if hvp == "auto":
+            hvp = "forward_over_reverse" if compile else "reverse_over_forward"
         self.hvp = hvp
         self._g = scalar_function(f, x.shape)
         seeds = [("hvp" if hvp == "forward_over_reverse" else "hvp_rev",

@@ -76,6 +76,11 @@ def _batched(kind: str, g: Callable) -> Callable:
     return run
 
 
+def _is_sparse_failure(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "sparse" in text or "do not have strides" in text
+
+
 class Products:
     """Compressed derivative products of ``g`` (flat in, flat out) for batches of seeds.
 
@@ -113,21 +118,39 @@ class Products:
         self._compiled = None
         self.compile = compile
         self.compile_failed: str | None = None
+        # whether f applies constant torch sparse matrices (then products run in SparseConstantMode);
+        # None until the first evaluation finds out
+        self.sparse_constants: bool | None = None
         if compile:
             self._compiled = torch.compile(self._eager, dynamic=False)
+
+    def _call(self, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
+        if self.sparse_constants:
+            with SparseConstantMode():
+                return fn(x, seeds)
+        try:
+            out = fn(x, seeds)
+        except Exception as exc:  # noqa: BLE001 - only sparse-layout failures are retried
+            if self.sparse_constants is None and _is_sparse_failure(exc):
+                self.sparse_constants = True
+                with SparseConstantMode():
+                    return fn(x, seeds)
+            raise
+        self.sparse_constants = False
+        return out
 
     def _run(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
         if self._compiled is not None:
             try:
-                with SparseConstantMode():
-                    return self._compiled(x, seeds)
+                return self._call(self._compiled, x, seeds)
+            except InputError:
+                raise
             except Exception as exc:  # noqa: BLE001 - any compiler failure falls back to eager
                 self.compile_failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                 self._compiled = None
                 warnings.warn(f"asd: torch.compile failed ({self.compile_failed}); evaluating eagerly",
                               RuntimeWarning, stacklevel=3)
-        with SparseConstantMode():
-            return self._eager(x, seeds)
+        return self._call(self._eager, x, seeds)
 
     def __call__(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
         """Products for every row of ``seeds`` (shape ``(k, len)``), stacked along dim 0."""

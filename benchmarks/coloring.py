@@ -168,7 +168,7 @@ def main(argv=None):
         w = ct["warm_disk_cache"][p]
         print(f"  {p:14s} first call {c['first_call_s']:7.3f} s (cold) / {w['first_call_s']:6.3f} s "
               f"(disk cache)   steady {c['steady_s'] * 1e3:7.2f} ms")
-    print(f"  import asd.coloring {ct['cold_cache']['import_s'] * 1e3:.1f} ms (no numba)")
+    print(f"  import asd.coloring {ct['cold_cache']['import_s'] * 1e3:.1f} ms (loads no numba; includes asd/__init__, which imports torch)")
 
     # 2. ColPack matrices
     print("\n== colors: asd (per order / best) vs ColPack best ordering ==")

@@ -10,6 +10,8 @@ PYTEST_ARGS ?=
 
 .PHONY: all venv demo test test-all bench figures clean
 
+# `make bench BENCH="jacobian hessian"` runs a subset of benchmarks/
+
 all: test
 
 $(STAMP): pyproject.toml Makefile
@@ -39,7 +41,7 @@ $(VENV)/.bench: $(STAMP)
 	touch $(VENV)/.bench
 
 bench: $(VENV)/.bench
-	ASD_JAX_PYTHON=$(BENCH_VENV)/bin/python $(PY) -m asd bench
+	ASD_JAX_PYTHON=$(BENCH_VENV)/bin/python $(PY) -m asd bench $(BENCH)
 
 figures: $(STAMP)
 	$(PY) -m asd figures

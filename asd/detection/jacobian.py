@@ -10,7 +10,9 @@ import torch
 
 from ..errors import InputError
 from . import sets as S
-from .tracer import TracedTensor, trace
+from torch.utils._pytree import tree_flatten
+
+from .tracer import TracedTensor, Tracer, trace  # noqa: F401  (trace: re-exported for callers)
 
 
 def check_input(x) -> None:
@@ -28,48 +30,127 @@ def check_input(x) -> None:
 
 
 def output_sets(y, n: int) -> sp.csr_matrix:
-    """Index sets of the traced output ``y`` (a tensor), as a bool CSR of shape (y.numel(), n)."""
-    if not isinstance(y, torch.Tensor):
-        raise InputError(
-            f"the function returned {type(y).__name__}; it must return a tensor (stack or "
-            "concatenate several outputs into one)"
-        )
-    if y.is_complex() or not y.is_floating_point():
-        raise InputError(f"the function returned a tensor of dtype {y.dtype}; its Jacobian needs a "
-                         "real floating-point output (integer and boolean outputs have zero derivative)")
-    if isinstance(y, TracedTensor):
-        return y.sets
-    return S.empty(y.numel(), n)
+    """Index sets of the traced output ``y`` (a tensor or a pytree of tensors), one row per element.
+
+    Pytree outputs are flattened with ``torch.utils._pytree.tree_flatten``; the rows of all tensor
+    leaves are concatenated in that order (each leaf row-major). Non-tensor leaves are ignored."""
+    if isinstance(y, torch.Tensor):
+        leaves = [y]
+    else:
+        leaves = [t for t in tree_flatten(y)[0] if isinstance(t, torch.Tensor)]
+        if not leaves:
+            raise InputError(
+                f"the function returned {type(y).__name__} without any tensor; it must return a tensor "
+                "or a pytree (tuple, list, dict) of tensors"
+            )
+    mats = []
+    for i, t in enumerate(leaves):
+        where = "" if len(leaves) == 1 and isinstance(y, torch.Tensor) else f" (output leaf {i})"
+        if t.is_complex() or not t.is_floating_point():
+            raise InputError(f"the function returned a tensor of dtype {t.dtype}{where}; its Jacobian needs "
+                             "a real floating-point output (integer and boolean outputs have zero "
+                             "derivative: leave them out, or convert with .double())")
+        mats.append(t.sets if isinstance(t, TracedTensor) else S.empty(t.numel(), n))
+    return S.vstack(mats) if len(mats) > 1 else mats[0]
 
 
-def jacobian_sparsity(f: Callable, x: torch.Tensor, *, local: bool = False, strict: bool = False) -> sp.csr_array:
+def _as_csr_array(sets: sp.csr_matrix) -> sp.csr_array:
+    return sp.csr_array((np.ones(sets.nnz, dtype=bool), sets.indices.copy(), sets.indptr.copy()), shape=sets.shape)
+
+
+def _column_block(rows: int, offset: int, n: int) -> sp.csr_matrix:
+    return sp.csr_matrix((np.ones(rows, dtype=bool), np.arange(offset, offset + rows, dtype=S.INDEX),
+                          np.arange(rows + 1, dtype=S.INDEX)), shape=(rows, n))
+
+
+def trace_inputs(f: Callable, xs: tuple, selected: tuple[int, ...], *, local: bool, strict: bool,
+                 tracer_cls=Tracer):
+    """Trace ``f(*xs)`` with the inputs at ``selected`` traced (their elements numbered
+    consecutively, in order) and the others passed as constants. Returns (output, tracer, offsets)."""
+    sizes = [xs[i].numel() for i in selected]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    n = int(offsets[-1])
+    tracer = tracer_cls(n, local=local, strict=strict, device=xs[selected[0]].device if selected else None)
+    args = list(xs)
+    for k, i in enumerate(selected):
+        args[i] = tracer.input(xs[i], _column_block(xs[i].numel(), int(offsets[k]), n))
+    with tracer:
+        out = f(*args)
+    return out, tracer, offsets
+
+
+def _normalize(x, argnums):
+    """(inputs tuple, selected indices, whether to return a tuple)."""
+    if isinstance(x, torch.Tensor) or not isinstance(x, (tuple, list)):
+        if argnums not in (None, 0, (0,)):
+            raise InputError(f"argnums={argnums!r} needs x to be a tuple of tensors")
+        check_input(x)
+        return (x,), (0,), False
+    xs = tuple(x)
+    if not xs:
+        raise InputError("x is an empty tuple; pass at least one tensor")
+    if argnums is None:
+        selected, as_tuple = tuple(range(len(xs))), True
+    elif isinstance(argnums, int):
+        selected, as_tuple = (argnums,), False
+    else:
+        selected, as_tuple = tuple(argnums), True
+    for i in selected:
+        if not -len(xs) <= i < len(xs):
+            raise InputError(f"argnums entry {i} is out of range for {len(xs)} inputs")
+    selected = tuple(i % len(xs) for i in selected)
+    for i in selected:
+        try:
+            check_input(xs[i])
+        except InputError as exc:
+            raise InputError(f"input {i}: {exc}") from None
+    return xs, selected, as_tuple
+
+
+def jacobian_sparsity(f: Callable, x, *, argnums=None, local: bool = False, strict: bool = False):
     """Sparsity pattern of the Jacobian of ``f`` at (``local=True``) or around (global) ``x``.
 
     Parameters
     ----------
     f
-        A function of one tensor returning one tensor.
+        A function of one tensor (or of several: ``f(*x)`` when ``x`` is a tuple) returning a
+        tensor or a pytree of tensors. Pytree outputs are flattened with ``tree_flatten`` and the
+        rows of their tensor leaves concatenated in that order, each leaf row-major.
     x
-        The input; only its shape, dtype and device matter under global tracing.
+        The input tensor, or a tuple of input tensors. Only shapes, dtypes and devices matter under
+        global tracing. Parameters of a ``torch.nn.Module`` called inside ``f`` are constants.
+    argnums
+        With a tuple ``x``: which inputs to differentiate with respect to (an int gives one pattern,
+        a tuple a tuple of patterns; default: all, as a tuple). The other inputs are constants.
     local
         Trace with ``x``'s values: value-dependent ops (``relu``, ``max``, ``where`` with a computed
-        mask) then give the pattern at this point, which can be sparser than the global one.
+        mask, ``sort``, max pooling) then give the pattern at this point, which can be sparser than
+        the global one.
     strict
         Raise :class:`asd.errors.UnsupportedOpError` on an op without a rule instead of warning.
 
     Returns
     -------
-    scipy.sparse.csr_array
-        Boolean pattern of shape ``(f(x).numel(), x.numel())`` in row-major flattening.
+    scipy.sparse.csr_array or tuple of them
+        Boolean pattern of shape ``(number of output elements, x.numel())`` in row-major
+        flattening; for a tuple ``x``, one pattern per selected input (its columns are that input's
+        elements).
 
     Raises
     ------
     asd.TracingError
         When ``f`` needs values under global tracing (control flow on the input, ``.item()``,
-        data-dependent shapes); the message says to pass ``local=True``.
+        ``.tolist()``, numpy conversion, data-dependent shapes); the message says to pass
+        ``local=True``.
+    asd.errors.InputError
+        For integer, complex or sparse inputs, or an output that is not a floating-point tensor.
     """
-    check_input(x)
-    y, tracer = trace(f, x, local=local, strict=strict)
-    sets = output_sets(y, x.numel())
-    out = sp.csr_array((np.ones(sets.nnz, dtype=bool), sets.indices.copy(), sets.indptr.copy()), shape=sets.shape)
-    return out
+    xs, selected, as_tuple = _normalize(x, argnums)
+    y, tracer, offsets = trace_inputs(f, xs, selected, local=local, strict=strict)
+    sets = output_sets(y, tracer.n)
+    if len(selected) == 1 and not as_tuple:
+        return _as_csr_array(sets)
+    sets = sets.tocsc()
+    blocks = tuple(_as_csr_array(S._canonical(sets[:, int(offsets[k]):int(offsets[k + 1])]))
+                   for k in range(len(selected)))
+    return blocks if as_tuple else blocks[0]

@@ -1,0 +1,89 @@
+"""Check a sparsity pattern against dense Jacobians at random points."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ..errors import InputError
+from .jacobian import check_input, jacobian_sparsity
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Result of :func:`verify`.
+
+    ``missed`` lists the (row, column) entries that are nonzero in some dense Jacobian but absent
+    from the pattern (the pattern is unsound if there is any); ``extra`` counts pattern entries
+    that were zero at every point tried; ``precision`` is the fraction of pattern entries seen
+    nonzero (1.0 for an exact pattern), ``recall`` the fraction of observed nonzeros the pattern
+    holds (1.0 when sound)."""
+
+    ok: bool
+    missed: tuple
+    extra: int
+    pattern_nnz: int
+    observed_nnz: int
+    precision: float
+    recall: float
+    points: int
+
+    def __str__(self) -> str:
+        head = "pattern is sound" if self.ok else f"pattern MISSES {len(self.missed)} nonzeros"
+        s = (f"{head} at {self.points} points: {self.pattern_nnz} pattern entries, {self.observed_nnz} "
+             f"observed nonzeros, {self.extra} never nonzero; precision {self.precision:.3f}, "
+             f"recall {self.recall:.3f}")
+        if self.missed:
+            s += f"; first missed (row, col): {list(self.missed[:10])}"
+        return s
+
+
+def _dense_jacobian(f: Callable, x: torch.Tensor) -> np.ndarray:
+    def flat(z):
+        y = f(z)
+        leaves = [y] if isinstance(y, torch.Tensor) else [t for t in tree_flatten(y)[0] if isinstance(t, torch.Tensor)]
+        return torch.cat([t.reshape(-1) for t in leaves])
+
+    J = torch.autograd.functional.jacobian(flat, x)
+    return J.reshape(-1, x.numel()).detach().cpu().numpy()
+
+
+def verify(f: Callable, x: torch.Tensor, pattern=None, *, points: int = 3, scale: float = 1.0,
+           local: bool = False, atol: float = 0.0, seed: int = 0) -> VerifyReport:
+    """Check ``pattern`` (default: ``jacobian_sparsity(f, x, local=local)``) against dense Jacobians
+    of ``f`` (computed with autograd in ``x``'s dtype) at ``x`` and at ``points - 1`` random points
+    ``x + scale * N(0, 1)`` (with ``local=True``: at ``x`` only, where a local pattern holds).
+
+    An entry counts as nonzero when its absolute value exceeds ``atol``. Returns a
+    :class:`VerifyReport`; ``report.ok`` is ``False`` if any nonzero was missed."""
+    check_input(x)
+    if points < 1:
+        raise InputError(f"points must be at least 1, got {points}")
+    if pattern is None:
+        pattern = jacobian_sparsity(f, x, local=local)
+    P = sp.csr_array(pattern).astype(bool)
+    gen = torch.Generator().manual_seed(seed)
+    observed = None
+    npts = 1 if local else points
+    for k in range(npts):
+        xp = x.detach().clone()
+        if k:
+            xp = xp + scale * torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)
+        J = _dense_jacobian(f, xp)
+        if J.shape != P.shape:
+            raise InputError(f"the pattern has shape {P.shape} but the Jacobian has shape {J.shape}")
+        nz = (np.abs(J) > atol) | np.isnan(J)  # NaN: not provably zero
+        observed = nz if observed is None else observed | nz
+    O = sp.csr_array(observed)
+    missed_coo = sp.coo_array(O.astype(np.int8) - O.multiply(P).astype(np.int8))
+    keep = missed_coo.data > 0
+    missed = tuple(zip(missed_coo.row[keep].tolist(), missed_coo.col[keep].tolist()))
+    hit = int(O.multiply(P).nnz)
+    pnnz, onnz = int(P.nnz), int(O.nnz)
+    return VerifyReport(ok=not missed, missed=missed, extra=pnnz - hit, pattern_nnz=pnnz, observed_nnz=onnz,
+                        precision=hit / pnnz if pnnz else 1.0, recall=hit / onnz if onnz else 1.0, points=npts)

@@ -197,6 +197,8 @@ def test_products_and_contractions():
     check_exact(lambda x: x.reshape(2, 3).prod(1).sum(), 6)
     check_exact(lambda x: (x.reshape(2, 3) @ x.reshape(3, 2)).sum(), 6)
     check_exact(lambda x: x[:3] @ x[3:], 6)
+    check_exact(lambda x: (x.reshape(3, 3) @ x.reshape(3, 3)).sum(), 9)  # the same tensor twice
+    check_exact(lambda x: torch.dot(x, x), 4)
     check_exact(lambda x: (x[:6].reshape(2, 3) @ x[6:]).sum(), 9)
     check_exact(lambda x: torch.bmm(x[:8].reshape(2, 2, 2), x[8:].reshape(2, 2, 2)).sum(), 16)
     check_exact(lambda x: torch.addcmul(x[:2], x[2:4], x[4:]).sum(), 6)
@@ -322,3 +324,18 @@ def test_every_rule_has_a_second_order_class():
     assert lookup(aten.sin.default).hessian_pairs(["self"]) is None
     with pytest.raises(ValueError, match="does not have"):
         refine_second_order(aten.mul.Tensor, pairs=(("self", "othr"),))
+
+
+def test_ops_without_a_rule_are_general(monkeypatch):
+    """The conservative fallback is treated as a general nonlinear op: sound, and strict raises."""
+    from asd.errors import UnsupportedOpError, UnsupportedOpWarning
+
+    lookup(aten.mul.Tensor)
+    monkeypatch.delitem(RULES, aten.atan2.default)
+    f = lambda x: torch.atan2(x[0] * x[1], x[2]) + x[3] ** 2  # noqa: E731
+    with pytest.warns(UnsupportedOpWarning):
+        P = detect(f, 4)
+    assert_sound(P, dense_pattern(f, 4))
+    assert P[:3, :3].all() and not P[:3, 3].any()
+    with pytest.raises(UnsupportedOpError):
+        detect(f, 4, strict=True)

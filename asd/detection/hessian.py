@@ -119,7 +119,7 @@ class HessianTracer(Tracer):
             return
         if interaction == "contraction" and pairs:
             for a, b in pairs:
-                self._contraction(call, a, b)
+                self._contraction(call, rule, out_sets, a, b)
             return
         if interaction == "multilinear" and pairs is None:
             self._multilinear(call, out_sets)
@@ -158,7 +158,7 @@ class HessianTracer(Tracer):
             return None
         return parts[0] if len(parts) == 1 else S.vstack(parts)
 
-    def _contraction(self, call: Call, a: str, b: str) -> None:
+    def _contraction(self, call: Call, rule: Rule, out_sets: list, a: str, b: str) -> None:
         """Matrix products ``A (b, m, k) @ B (b, k, p)``: ``A[b, i, l]`` meets ``B[b, l, j]`` only."""
         bound = call.bound()
         A, B = bound.get(a), bound.get(b)
@@ -166,8 +166,7 @@ class HessianTracer(Tracer):
             return
         ga, gb = _contraction_groups(tuple(A.shape), tuple(B.shape))
         if ga is None:  # an unexpected geometry: elements feeding one output element interact
-            rule = _output_rule(call)
-            self.add_cross(self._through(call, rule, [], a), self._through(call, rule, [], b))
+            self.add_cross(self._through(call, rule, out_sets, a), self._through(call, rule, out_sets, b))
             return
         ngroups = int(max(ga.max(initial=-1), gb.max(initial=-1))) + 1
         Ua = S.gather_union(A.sets, ga, np.arange(A.numel()), ngroups)
@@ -228,12 +227,6 @@ def _contraction_groups(sa: tuple, sb: tuple):
     if len(sa) == 3 and len(sb) < 3 or len(sb) == 3 and len(sa) < 3:
         return None, None
     return ga, gb
-
-
-def _output_rule(call: Call) -> Rule:
-    from .registry import lookup
-
-    return lookup(call.func)
 
 
 def _gram(Ga: sp.csr_matrix, Gb: sp.csr_matrix) -> sp.csr_matrix:

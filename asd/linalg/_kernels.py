@@ -6,6 +6,7 @@ These functions are not differentiable themselves; the autograd Functions in ``p
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from asd.errors import InputError
@@ -25,6 +26,15 @@ def _numba():
     return _nk
 
 
+_NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    """Uninitialised CPU output allocated by numpy: first touch of a large fresh torch allocation
+    is several times slower here (measured: 18 ms vs 2.5 ms for 32 MB)."""
+    return torch.from_numpy(np.empty(shape, dtype=_NP_DTYPES[dtype]))
+
+
 def _use_numba(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) and bool(_numba())
 
@@ -37,7 +47,7 @@ def spmm(P, vals: torch.Tensor, X: torch.Tensor, trans: bool = False) -> torch.T
     k = X.shape[1]
     if _use_numba(X):
         nk = _numba()
-        Y = torch.empty((out_rows, k), dtype=X.dtype)
+        Y = _empty((out_rows, k), X.dtype)
         v = vals.contiguous().numpy()
         if k == 1:
             x = X.reshape(-1).contiguous().numpy()
@@ -57,7 +67,7 @@ def sddmm(P, U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     V = V.detach()
     if _use_numba(U):
         nk = _numba()
-        out = torch.empty(P.nnz, dtype=U.dtype)
+        out = _empty((P.nnz,), U.dtype)
         if U.shape[1] == 1:
             nk.sddmm_vec(P.np("ucrow"), P.np("ucol"), U.reshape(-1).contiguous().numpy(),
                          V.reshape(-1).contiguous().numpy(), out.numpy())
@@ -75,7 +85,9 @@ def trsv(P, vals: torch.Tensor, Bm: torch.Tensor, lower: bool, trans: bool, unit
     structure is inherently sequential; a level-scheduled device kernel is future work).
     """
     dev = Bm.device
-    X = Bm.detach().to("cpu", copy=True).contiguous()
+    Bc = Bm.detach().to("cpu")
+    X = _empty(tuple(Bc.shape), Bc.dtype) if Bc.dtype in _NP_DTYPES else torch.empty_like(Bc)
+    X.copy_(Bc)
     v = vals.detach().to("cpu").contiguous()
     nk = _numba()
     if nk and X.dtype in (torch.float32, torch.float64):

@@ -79,7 +79,7 @@ class _UnionAdd(torch.autograd.Function):
         ctx.save_for_backward(ia, ib)
         ctx.ab = (alpha, beta)
         if K._use_numba(va):
-            out = torch.empty(PC.nnz, dtype=va.dtype)
+            out = K._empty((PC.nnz,), va.dtype)
             K._numba().union_add(PC_np(ia, PC, "ia"), va.detach().contiguous().numpy(), alpha,
                                  PC_np(ib, PC, "ib"), vb.detach().contiguous().numpy(), beta,
                                  out.numpy())

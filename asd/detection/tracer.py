@@ -94,6 +94,28 @@ class TracedTensor(torch.Tensor):
         kind = "meta" if self.primal.is_meta else "real"
         return f"TracedTensor(shape={tuple(self.shape)}, dtype={self.dtype}, {kind})"
 
+    def _values(self, what: str) -> torch.Tensor:
+        p = self.primal
+        if p.is_meta:
+            raise TracingError(
+                f"{what} on a traced tensor under global tracing: its values are unknown (conversion "
+                "to Python numbers, lists or numpy arrays leaves the traced computation). Pass "
+                "local=True to trace at a point, or keep the computation in torch ops."
+            )
+        return p
+
+    def tolist(self):
+        return self._values(".tolist()").tolist()
+
+    def numpy(self, *, force: bool = False):
+        raise TracingError(
+            ".numpy() / np.asarray on a traced tensor: numpy cannot see index sets, so the dependence "
+            "would be lost. Keep the computation in torch ops (or detach() to use values as constants)."
+        )
+
+    def __array__(self, dtype=None, copy=None):
+        return self.numpy()
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         tracer = Tracer.current()
@@ -309,6 +331,14 @@ class Tracer:
         return TracedTensor(Storage(t, S.empty(t.numel(), self.n)), t, None, self.device)
 
     def wrap(self, primal: torch.Tensor, sets: sp.csr_matrix | None) -> TracedTensor:
+        if primal.layout != torch.strided:
+            # sparse layouts: a constant stays a plain sparse tensor (its structure is respected by
+            # the product rules); one whose values depend on the input cannot be traced
+            if sets is not None and sets.nnz and is_differentiable_dtype(primal.dtype):
+                raise TracingError(
+                    f"a {primal.layout} tensor computed from the input cannot be traced; build sparse "
+                    "matrices from constants only, or keep input-dependent values dense")
+            return primal
         if sets is None or not is_differentiable_dtype(primal.dtype):
             sets = S.empty(primal.numel(), self.n)
         if sets.shape[0] != primal.numel():

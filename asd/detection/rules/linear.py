@@ -80,8 +80,9 @@ def mm_rule(call: Call) -> list:
     b = call.bound()
     out = call.outs[0]
     f = call.func.overloadpacket
-    if f in (aten.mm, aten.addmm, aten._addmm_activation):
-        A, B = (b["self"], b["mat2"]) if f is aten.mm else (b["mat1"], b["mat2"])
+    if f in (aten.mm, aten.addmm, aten._addmm_activation, aten._sparse_addmm, aten._sparse_mm):
+        A, B = (b.get("self", b.get("sparse")), b.get("mat2", b.get("dense"))) if f in (aten.mm, aten._sparse_mm) \
+            else (b["mat1"], b["mat2"])
         (m, k), p = A.shape, B.shape[1]
         res = batched_product(call, A, B, out.numel(), (1, m, k, p))
     elif f in (aten.bmm, aten.baddbmm):
@@ -101,7 +102,7 @@ def mm_rule(call: Call) -> list:
         p = B.shape[2]
         per = batched_product(call, A, B, bs * m * p, (bs, m, k, p))
         res = S.gather_union(per, np.tile(np.arange(m * p), bs), np.arange(bs * m * p), m * p)
-    if f in (aten.addmm, aten.baddbmm, aten.addmv, aten.addbmm, aten._addmm_activation):
+    if f in (aten.addmm, aten.baddbmm, aten.addmv, aten.addbmm, aten._addmm_activation, aten._sparse_addmm):
         res = _plus_bias(call, res, b["self"], out)
     return [res]
 
@@ -253,7 +254,7 @@ def _pool_rule(d: int, adaptive: bool = False):
 
 
 register_rule(aten_ops("mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot", "vdot", "addbmm",
-                       "_addmm_activation"), mm_rule, second_order="bilinear", family="linear")
+                       "_addmm_activation", "_sparse_addmm") + [aten._sparse_mm.default], mm_rule, second_order="bilinear", family="linear")
 register_rule(aten_ops("convolution", "_convolution"), conv_rule, second_order="bilinear", family="linear")
 for dim_, names in ((1, ("max_pool1d_with_indices", "avg_pool1d", "max_pool1d")),
                     (2, ("max_pool2d_with_indices", "avg_pool2d", "max_pool2d")),
@@ -264,3 +265,27 @@ for dim_, names in ((1, ("adaptive_avg_pool1d", "adaptive_max_pool1d")),
                     (3, ("_adaptive_avg_pool3d", "adaptive_max_pool3d", "adaptive_avg_pool3d"))):
     register_rule(aten_ops(*names), _pool_rule(dim_, adaptive=True), second_order="linear",
                   family="linear")
+
+
+def col2im_rule(call: Call) -> list:
+    """col2im (F.fold): the adjoint of im2col; each output position sums the columns that cover it."""
+    b = call.bound()
+    x = b["self"]
+    s = call.sets(x)
+    out = call.outs[0]
+    if s is None:
+        return [None]
+    N = out.shape[0] if out.dim() == 4 else 1
+    shape = tuple(out.shape) if out.dim() == 4 else (1,) + tuple(out.shape)
+    pos = torch.arange(int(np.prod(shape)), dtype=torch.float64).reshape(shape)
+    cols = torch.ops.aten.im2col(pos, b["kernel_size"], b["dilation"], b["padding"], b["stride"])
+    # im2col zero-pads: mark padding with -1 by shifting ids by one
+    cols1 = torch.ops.aten.im2col(pos + 1, b["kernel_size"], b["dilation"], b["padding"], b["stride"])
+    tgt = (cols1.reshape(-1).to(torch.int64) - 1).numpy()
+    del cols, N
+    src = np.arange(x.numel())
+    keep = tgt >= 0
+    return [S.gather_union(s, tgt[keep], src[keep], out.numel())]
+
+
+register_rule(aten_ops("col2im"), col2im_rule, second_order="linear", family="linear")

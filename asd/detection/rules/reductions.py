@@ -55,6 +55,13 @@ def reduction(call: Call) -> list:
         exact = _local_selection(call, x, dims)
         if exact is not None:
             return exact
+        if call.func.overloadpacket in (aten.amax, aten.amin, aten.max, aten.min) and len(call.outs) == 1 \
+                and isinstance(x, TracedTensor) and not x.primal.is_meta and call.sets(x) is not None:
+            # the selected elements (all of them on ties) at this point
+            groups, ngroups = group_ids(tuple(x.shape), dims)
+            out = call.outs[0].reshape(-1)
+            hit = (x.primal.reshape(-1).cpu() == out.cpu()[torch.as_tensor(groups)]).numpy()
+            return [S.gather_union(call.sets(x), groups[hit], np.nonzero(hit)[0], ngroups)]
     u, _, ngroups = reduce_sets(call, x, dims)
     return [_bcast_groups(u, o, ngroups) if is_differentiable_dtype(o.dtype) else None for o in call.outs]
 

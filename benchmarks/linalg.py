@@ -321,10 +321,10 @@ def bench_scale(k, iters):
 
 
 # ---- targets ------------------------------------------------------------------------------------
-def _ms(op, impl, phase):
+def _ms(op, impl, phase, key="ms"):
     for r in RESULTS:
         if r["op"] == op and r["impl"] == impl and r["phase"] == phase:
-            return r["ms"]
+            return r[key]
     return None
 
 
@@ -346,9 +346,14 @@ def targets(scale) -> list[dict]:
     ratio("SpMV fwd+bwd: torchsparsegradutils / asd (>= 3)", _ms("spmv", "torchsparsegradutils", "fwd+bwd"), fb, 3.0, "ge")
     ratio("SpMV fwd+bwd: torch CSR autograd / asd (>= 3)", _ms("spmv", "torch csr (sparse.mm)", "fwd+bwd"), fb, 3.0, "ge")
     ratio("SpMV fwd+bwd: torch COO autograd / asd (>= 3)", _ms("spmv", "torch coo (sparse.mm)", "fwd+bwd"), fb, 3.0, "ge")
+    # absolute levels of seed 004 (another machine): medians, and fastest batches (less noise)
     ratio("SpMV fwd: asd / seed-004 0.141 ms (<= 1)", f, 0.141, 1.0, "le")
     ratio("SpMV bwd: asd (fwd+bwd - fwd) / seed-004 0.595 ms (<= 1)",
           (fb - f) if fb and f else None, 0.595, 1.0, "le")
+    fm, fbm = _ms("spmv", "asd csr", "fwd", "min_ms"), _ms("spmv", "asd csr", "fwd+bwd", "min_ms")
+    ratio("SpMV fwd, fastest batch: asd / seed-004 0.141 ms (<= 1)", fm, 0.141, 1.0, "le")
+    ratio("SpMV bwd, fastest batches: asd / seed-004 0.595 ms (<= 1)",
+          (fbm - fm) if fbm and fm else None, 0.595, 1.0, "le")
     tf = _ms("trsv", "asd csr", "fwd")
     ratio("TRSV fwd: asd / scipy spsolve_triangular (< 1)", tf, _ms("trsv", "scipy spsolve_triangular", "fwd"), 1.0, "le")
     ratio("TRSV fwd+bwd: asd / torchsparsegradutils (< 1)", _ms("trsv", "asd csr", "fwd+bwd"),

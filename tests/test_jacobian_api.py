@@ -275,3 +275,23 @@ def test_import_is_light():
     code = "import asd, sys; print('numba' in sys.modules, 'matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_sparse_constant_built_inside_f_is_detected_but_clear_error_on_evaluation():
+    M = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 1.0]], dtype=torch.float64)
+
+    def f(x):
+        return M.clone().to_sparse_csr() @ x.sin()
+
+    x = torch.randn(3, dtype=torch.float64)
+    assert (asd.jacobian_sparsity(f, x).toarray() == (M != 0).numpy()).all()
+    with pytest.raises(asd.InputError, match="outside the function"):
+        asd.sparse_jacobian(f, x)
+
+
+def test_sparse_tensor_computed_from_input_is_refused():
+    def f(x):
+        return torch.diag(x).to_sparse_csr() @ x
+
+    with pytest.raises(asd.TracingError, match="computed from the input cannot be traced"):
+        asd.jacobian_sparsity(f, torch.randn(3, dtype=torch.float64))

@@ -133,8 +133,17 @@ class Products:
         except Exception as exc:  # noqa: BLE001 - only sparse-layout failures are retried
             if self.sparse_constants is None and _is_sparse_failure(exc):
                 self.sparse_constants = True
-                with SparseConstantMode():
-                    return fn(x, seeds)
+                try:
+                    with SparseConstantMode():
+                        return fn(x, seeds)
+                except Exception as exc2:  # noqa: BLE001
+                    if _is_sparse_failure(exc2):
+                        raise InputError(
+                            "the function uses a torch sparse tensor in a way torch.func cannot "
+                            f"differentiate ({str(exc2).splitlines()[0][:120]}). Constant sparse "
+                            "matrices are supported in products A @ u (CSR/COO) when they are built "
+                            "outside the function (e.g. captured in a closure), not inside it.") from exc2
+                    raise
             raise
         self.sparse_constants = False
         return out

@@ -362,6 +362,10 @@ class Tracer:
             out = func(*args, **kwargs)
             return tree_map(lambda t: self.constant(t) if isinstance(t, torch.Tensor) else t, out)
 
+        if func.__name__.lstrip("_").startswith("to_sparse") and any(t.sets.nnz for t in traced):
+            raise TracingError(
+                f"{func}: a sparse tensor computed from the input cannot be traced; build sparse "
+                "matrices from constants only, or keep input-dependent values dense")
         any_meta = any(t.primal.is_meta for t in traced)
         mutated = _mutated_args(func)
         if mutated:

@@ -1,7 +1,7 @@
 """``python -m asd bench [names...]``: run the benchmark scripts of a source checkout.
 
 Each benchmark prints its table and writes JSON into ``benchmarks/results/``. Names: jacobian,
-hessian, coloring, linalg, detection (default: all that exist).
+hessian, hessian_detection, coloring, linalg, detection (default: all that exist).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import runpy
 import sys
 
-NAMES = ("jacobian", "hessian", "coloring", "linalg", "detection")
+NAMES = ("jacobian", "hessian", "hessian_detection", "coloring", "linalg", "detection")
 
 
 def benchmarks_dir() -> str:

@@ -7,7 +7,6 @@ Run with ``make bench`` (installs the peers) or ``python benchmarks/hessian.py -
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -19,10 +18,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import asd  # noqa: E402
 import peers  # noqa: E402
+from common import RESULTS, Targets, peer, report  # noqa: E402
 from asd.problems import rosenbrock, total_variation  # noqa: E402
 from asd.timing import Progress, fmt_seconds, once, table, timeit  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DENSE_LIMIT = 4000
 
 
@@ -93,25 +92,8 @@ def main(argv=None) -> dict:
                         compile=False, big=False)
         rows.append(r)
         bar.step(r["problem"])
-    print(f"\nfirst call of the process (Numba kernels loaded/compiled, torch.func set up): {fmt_seconds(first)}")
-    print(f"torch {torch.__version__}, {a.threads} thread(s)\n")
-    print(render(rows))
-    checks = targets(rows)
-    print("\nTargets (issue 4):")
-    for c in checks:
-        print(f"  [{'ok' if c['met'] else 'MISSED'}] {c['what']}: {c['value']}")
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as fh:
-        json.dump(dict(benchmark="hessian", torch=torch.__version__, threads=a.threads, first_call=first, rows=rows,
-                       targets=checks, date=time.strftime("%Y-%m-%d %H:%M")), fh, indent=1, default=str)
-    print(f"\nwrote {a.out}")
-    return {"rows": rows, "targets": checks}
-
-
-def _peer(r, name, key):
-    v = r.get(name)
-    return v.get(key) if isinstance(v, dict) else None
-
+    return report("hessian", "issue 4", rows, render(rows), targets(rows), first_call=first, threads=a.threads,
+                  out=a.out)
 
 def render(rows) -> str:
     out = []
@@ -122,8 +104,8 @@ def render(rows) -> str:
                         comp=(f"{fmt_seconds(r['compiled'])} ({r['compiled_coloring']})" if r.get("compiled") else "-"),
                         dense=fmt_seconds(r.get("dense_hessian")),
                         x=f"{r['dense_hessian'] / r['prepared']:,.0f}x" if r.get("dense_hessian") else "-",
-                        ca1=fmt_seconds(_peer(r, "casadi", "oneoff")), ca2=fmt_seconds(_peer(r, "casadi", "call")),
-                        ax1=fmt_seconds(_peer(r, "asdex", "oneoff")), ax2=fmt_seconds(_peer(r, "asdex", "call"))))
+                        ca1=fmt_seconds(peer(r, "casadi", "oneoff")), ca2=fmt_seconds(peer(r, "casadi", "call")),
+                        ax1=fmt_seconds(peer(r, "asdex", "oneoff")), ax2=fmt_seconds(peer(r, "asdex", "call"))))
     return table(out, [("problem", "problem"), ("nnz", "nnz"), ("col", "colors"), ("star", "star colors"),
                        ("det", "detect"), ("ct", "color"), ("one", "one-off"), ("prep", "prepared"),
                        ("comp", "compiled"), ("dense", "dense hessian"), ("x", "dense/prepared"),
@@ -132,10 +114,8 @@ def render(rows) -> str:
 
 
 def targets(rows) -> list[dict]:
-    out = []
-
-    def add(what, met, value):
-        out.append(dict(what=what, met=bool(met), value=value))
+    t = Targets()
+    add = t.add
 
     b3 = [r for r in rows if r["problem"].startswith("B3")]
     if b3:
@@ -145,18 +125,18 @@ def targets(rows) -> list[dict]:
             add("n=4000 prepared >= 500x faster than dense torch.func.hessian", r["dense_hessian"] / r["prepared"] >= 500,
                 f"{r['dense_hessian'] / r['prepared']:.0f}x")
         if r["n"] == 10**5:
-            peer_oneoffs = [v for v in (_peer(r, "casadi", "oneoff"), _peer(r, "asdex", "oneoff")) if v is not None]
+            peer_oneoffs = [v for v in (peer(r, "casadi", "oneoff"), peer(r, "asdex", "oneoff")) if v is not None]
             if peer_oneoffs:
                 add("n=1e5 one-off >= 5x faster than the faster peer", min(peer_oneoffs) / r["oneoff"] >= 5,
                     f"{min(peer_oneoffs) / r['oneoff']:.1f}x")
             best = min(v for v in (r["prepared"], r.get("compiled", math.inf)))
-            for peer in ("casadi", "asdex"):
-                pc = _peer(r, peer, "call")
+            for who in ("casadi", "asdex"):
+                pc = peer(r, who, "call")
                 if pc is not None:
-                    add(f"n=1e5 prepared call faster than {peer}'s", best < pc, f"{pc / best:.2f}x")
+                    add(f"n=1e5 prepared call faster than {who}'s", best < pc, f"{pc / best:.2f}x")
         if r["n"] == 10**6:
             add("n=1e6 one-off < 3 s", r["oneoff"] < 3, fmt_seconds(r["oneoff"]))
-    return out
+    return t.items
 
 
 if __name__ == "__main__":

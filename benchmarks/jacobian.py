@@ -7,9 +7,7 @@ run. Run with ``make bench`` (installs the peers), or ``python benchmarks/jacobi
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 
@@ -19,10 +17,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import asd  # noqa: E402
 import peers  # noqa: E402
+from common import RESULTS, Targets, peer, report  # noqa: E402
 from asd.problems import brusselator, brusselator_input, conv_layer  # noqa: E402
 from asd.timing import Progress, fmt_seconds, once, table, timeit  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DENSE_LIMIT = 8192
 
 
@@ -82,26 +80,8 @@ def main(argv=None) -> dict:
         rows.append(r)
         bar.step(r["problem"])
 
-    print(f"\nfirst call of the process (Numba kernels loaded/compiled, torch.func set up): {fmt_seconds(first)}")
-    print(f"torch {torch.__version__}, {a.threads} thread(s), {platform.processor() or platform.machine()}\n")
-    print(render(rows))
-    checks = targets(rows)
-    print("\nTargets (issue 2):")
-    for c in checks:
-        print(f"  [{'ok' if c['met'] else 'MISSED'}] {c['what']}: {c['value']}")
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    result = dict(benchmark="jacobian", torch=torch.__version__, threads=a.threads, first_call=first,
-                  rows=rows, targets=checks, date=time.strftime("%Y-%m-%d %H:%M"))
-    with open(a.out, "w") as fh:
-        json.dump(result, fh, indent=1, default=str)
-    print(f"\nwrote {a.out}")
-    return result
-
-
-def _peer(r, name, key):
-    v = r.get(name)
-    return v.get(key) if isinstance(v, dict) else None
-
+    return report("jacobian", "issue 2", rows, render(rows), targets(rows), first_call=first, threads=a.threads,
+                  out=a.out)
 
 def render(rows) -> str:
     out = []
@@ -112,8 +92,8 @@ def render(rows) -> str:
                  fwd=fmt_seconds(r.get("jacfwd")), rev=fmt_seconds(r.get("jacrev")),
                  xfwd=f"{r['jacfwd'] / r['prepared']:,.0f}x" if r.get("jacfwd") else "-",
                  xone=f"{r['jacfwd'] / r['oneoff']:,.0f}x" if r.get("jacfwd") else "-",
-                 ca1=fmt_seconds(_peer(r, "casadi", "oneoff")), ca2=fmt_seconds(_peer(r, "casadi", "call")),
-                 ax1=fmt_seconds(_peer(r, "asdex", "oneoff")), ax2=fmt_seconds(_peer(r, "asdex", "call")))
+                 ca1=fmt_seconds(peer(r, "casadi", "oneoff")), ca2=fmt_seconds(peer(r, "casadi", "call")),
+                 ax1=fmt_seconds(peer(r, "asdex", "oneoff")), ax2=fmt_seconds(peer(r, "asdex", "call")))
         out.append(d)
     return table(out, [("problem", "problem"), ("n", "n"), ("colors", "colors"), ("mode", "mode"),
                        ("det", "detect"), ("col", "color"), ("oneoff", "one-off"), ("prep", "prepared"),
@@ -124,10 +104,8 @@ def render(rows) -> str:
 
 def targets(rows) -> list[dict]:
     by = {r["problem"]: r for r in rows}
-    out = []
-
-    def add(what, met, value):
-        out.append(dict(what=what, met=bool(met), value=value))
+    t = Targets()
+    add = t.add
 
     r = by.get("B1 N=64")
     if r:
@@ -137,16 +115,16 @@ def targets(rows) -> list[dict]:
                 f"{r['jacfwd'] / r['prepared']:.0f}x")
             add("N=64 one-off >= 50x faster than jacfwd", r["jacfwd"] / r["oneoff"] >= 50,
                 f"{r['jacfwd'] / r['oneoff']:.0f}x")
-        for peer in ("casadi", "asdex"):
-            po, pc = _peer(r, peer, "oneoff"), _peer(r, peer, "call")
+        for who in ("casadi", "asdex"):
+            po, pc = peer(r, who, "oneoff"), peer(r, who, "call")
             if po is not None:
-                add(f"N=64 one-off faster than {peer}'s", r["oneoff"] < po, f"{po / r['oneoff']:.2f}x")
+                add(f"N=64 one-off faster than {who}'s", r["oneoff"] < po, f"{po / r['oneoff']:.2f}x")
             if pc is not None and r.get("compiled"):
-                add(f"N=64 compiled call faster than {peer}'s call", r["compiled"] < pc, f"{pc / r['compiled']:.2f}x")
+                add(f"N=64 compiled call faster than {who}'s call", r["compiled"] < pc, f"{pc / r['compiled']:.2f}x")
     r = by.get("B1 N=256")
     if r:
         add("N=256 detection < 0.5 s", r["detection"] < 0.5, fmt_seconds(r["detection"]))
-    return out
+    return t.items
 
 
 if __name__ == "__main__":

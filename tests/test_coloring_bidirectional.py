@@ -62,3 +62,133 @@ def test_smb_targets():
     r = C.color(A, "bidirectional")
     assert r.ncolors <= 10
     C.check(A, r, rounds=1)
+
+
+# -- dense rows and columns (the patterns bicoloring exists for) ---------------------------
+DETERMINISTIC = [o for o in C.ORDERS if o != "random"]
+
+
+def _arrow(n):
+    A = np.eye(n, dtype=bool)
+    A[0, :] = A[:, 0] = True
+    return A
+
+
+def _dense_edges(m, n, density=0.0, seed=0):
+    A = sp.random(m, n, density=density, random_state=seed, format="lil").astype(bool)
+    A[0, :] = A[-1, :] = True
+    A[:, 0] = A[:, -1] = True
+    return A.tocsr()
+
+
+@pytest.mark.parametrize("order", DETERMINISTIC)
+@pytest.mark.parametrize("n", [3, 5, 40, 200])
+def test_arrowhead_every_order(order, n):
+    A = _arrow(n)
+    r = C.color(A, "bidirectional", order)
+    assert r.ncolors <= 4
+    C.check(A, r)
+    _roundtrip(r)
+    rp = C.color(A, "bidirectional", order, postprocess=True)
+    assert rp.ncolors <= 3
+    C.check(A, rp)
+    _roundtrip(rp)
+
+
+@pytest.mark.parametrize("order", C.ORDERS)
+def test_smc_small_cases(order):
+    A = np.fliplr(np.eye(4, dtype=bool))
+    assert C.color(A, "bidirectional", order).ncolors <= 2
+    assert C.color(A, "bidirectional", order, postprocess=True).ncolors == 1
+    T = np.array([[1, 1, 0], [0, 1, 1], [1, 0, 1]], dtype=bool)
+    for pp in (False, True):
+        r = C.color(T, "bidirectional", order, postprocess=pp)
+        assert r.ncolors == 3
+        C.check(T, r)
+    S = _dense_edges(10, 20)
+    r = C.color(S, "bidirectional", order)
+    rp = C.color(S, "bidirectional", order, postprocess=True)
+    assert r.ncolors <= 6 and rp.ncolors <= 4
+    for res in (r, rp):
+        C.check(S, res)
+        _roundtrip(res)
+
+
+@pytest.mark.parametrize("order", DETERMINISTIC)
+def test_dense_edges_with_sparse_interior(order):
+    A = _dense_edges(200, 300, density=0.02, seed=1)
+    inner = A[1:-1, 1:-1]
+    opt_inner = min(C.color(inner, "column", order).ncolors, C.color(inner, "row", order).ncolors)
+    for pp in (False, True):
+        r = C.color(A, "bidirectional", order, postprocess=pp)
+        # 2 dense rows + 2 dense columns + the interior (one-sided: >= 200 colors)
+        assert r.ncolors <= opt_inner + 4 + 2
+        C.check(A, r, rounds=1)
+        _roundtrip(r)
+
+
+def test_bidirectional_deterministic():
+    A = _dense_edges(60, 80, density=0.05, seed=3)
+    for order in C.ORDERS:
+        r1 = C.color(A, "bidirectional", order, seed=2)
+        r2 = C.color(A, "bidirectional", order, seed=2)
+        assert r1.ncolors == r2.ncolors
+        assert all(np.array_equal(a, b) for a, b in zip(r1.colors, r2.colors))
+        assert np.array_equal(r1.plan.gather, r2.plan.gather)
+
+
+def test_smb_speed():
+    import time
+
+    from asd.coloring.mtx import read_pattern
+
+    A = read_pattern("tests/data/matrices/smb_jac_pattern.mtx")
+    C.color(A, "bidirectional")  # compile / warm up
+    t = time.perf_counter()
+    r = C.color(A, "bidirectional", postprocess=True)
+    assert time.perf_counter() - t < 1.0
+    assert r.ncolors <= 10
+
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover
+    given = None
+
+if given is not None:
+
+    @st.composite
+    def _dense_patterns(draw):
+        m = draw(st.integers(2, 40))
+        n = draw(st.integers(2, 40))
+        seed = draw(st.integers(0, 2**31 - 1))
+        density = draw(st.sampled_from([0.0, 0.02, 0.05, 0.1]))
+        A = sp.random(m, n, density=density, random_state=seed, format="lil").astype(bool)
+        rng = np.random.default_rng(seed)
+        kr = draw(st.integers(0, min(3, m)))
+        kc = draw(st.integers(0, min(3, n)))
+        A[rng.choice(m, kr, replace=False), :] = True
+        A[:, rng.choice(n, kc, replace=False)] = True
+        return A.tocsr(), kr, kc
+
+    @settings(max_examples=60, deadline=None)
+    @given(_dense_patterns(), st.sampled_from(C.ORDERS), st.booleans())
+    def test_bidirectional_dense_rows_columns(case, order, pp):
+        A, kr, kc = case
+        m, n = A.shape
+        r = C.color(A, "bidirectional", order, seed=1, postprocess=pp)
+        C.check(A, r, rounds=1)
+        _roundtrip(r)
+        onesided = min(C.color(A, "column", order, seed=1).ncolors, C.color(A, "row", order, seed=1).ncolors)
+        assert r.ncolors <= onesided
+        if kr and kc and min(m, n) >= 20:
+            # dense rows + dense columns: one-sided needs >= min(m, n) colors; bidirectional
+            # colors the kr dense rows, the kc dense columns and the sparse rest
+            inner = A.copy().tolil()
+            inner[[i for i in range(m) if A[[i], :].nnz == n], :] = False
+            inner[:, [j for j in range(n) if A[:, [j]].nnz == m]] = False
+            inner = inner.tocsr()
+            rest = C.color(inner, "column", order, seed=1).ncolors if inner.nnz else 0
+            assert r.ncolors <= kr + kc + rest + 2
+            assert r.ncolors < onesided // 2

@@ -10,9 +10,23 @@ are read from the JVP side).  With ``postprocess=True`` single-edge stars pick t
 to need as few colors as possible, and colors that no hub needs on a side become *neutral*
 (``-1``: that row/column is not seeded).  For every order the vertex order is computed in two
 layouts of the bipartite graph (columns first / rows first) and the coloring with fewer AD
-passes is kept; so is a one-sided coloring (column or row partial distance-2 coloring in the
-same order, the other side all neutral) when it needs fewer passes - a bidirectional coloring
-is therefore never worse than the column or row coloring of the same order.
+passes is kept.
+
+The greedy star coloring alone fails on the patterns bicoloring exists for.  It decides
+neutrality only after coloring, so the light vertices of a side reuse the color of a dense
+vertex of that side (in the natural order every column is colored before any row and they all
+get color 0).  On an arrowhead (dense row 0, dense column 0, diagonal), column 0 and column
+``j`` then share rows 0 and ``j``, every row becomes a hub whose partners need fresh colors, and
+the coloring degenerates into ``n`` colors for every deterministic order.  So, as in the
+vertex-cover bicolorings of Coleman & Verma and Gebremedhin et al. (2005), the seeded vertices
+are also chosen *before* coloring: *split* bicolorings read the entries of the densest rows
+from VJPs (those rows partial distance-2 colored among themselves) and all other entries from
+JVPs (the columns colored on the remaining rows only; columns without such entries and the
+other rows neutral), for every degree threshold whose lower bound can beat the best count so
+far, and the same for ``A^T`` (dense columns to JVPs).  With no dense row this is the one-sided
+column (row) coloring in the same order, so a bidirectional coloring is never worse than the
+column or row coloring of the same order; the arrowhead needs 3 passes for every order.  The
+star bicoloring is kept on ties.
 """
 
 from __future__ import annotations
@@ -60,28 +74,129 @@ def _bicolor(perm, ptr, idx, shape, aptr, aidx, apos, atpos, rows, postprocess):
     return rc, cc, ncc + nrc, plan, colors
 
 
-def _one_sided(side, ptr, idx, shape, order, seed, rows):
-    """A column (or row) coloring written as a bicoloring whose other side is neutral."""
+def _rows_csr(ptr, idx, sel):
+    """CSR structure of the rows ``sel`` (sorted int64) of a CSR structure, and for every entry
+    of it the position of its source entry."""
+    deg = np.diff(ptr)[sel]
+    sptr = np.zeros(sel.shape[0] + 1, dtype=np.int64)
+    np.cumsum(deg, out=sptr[1:])
+    src = np.repeat(ptr[sel] - sptr[:-1], deg) + np.arange(int(sptr[-1]), dtype=np.int64)
+    return sptr, idx[src], src
+
+
+def _compact(colors, used):
+    """Colors of the vertices in ``used`` renumbered ``0..k-1`` (order kept), the rest neutral."""
+    out = np.full(colors.shape[0], -1, dtype=np.int64)
+    if not used.any():
+        return out, 0
+    u, inv = np.unique(colors[used], return_inverse=True)
+    out[used] = inv.reshape(-1)
+    return out, int(u.shape[0])
+
+
+def _split(ptr, idx, shape, order, seed, dense):
+    """Split bicoloring: the entries of the rows ``dense`` (a boolean mask) are read from VJPs,
+    all others from JVPs.  The columns are colored (partial distance-2, ``order``) on the other
+    rows only, the dense rows on their own; columns without entries outside the dense rows and
+    the other rows are neutral.  With no dense row this is the column coloring.  Returns
+    ``(rc, cc, ncolors, plan, augmented colors)``."""
     from asd.coloring.greedy import color_partial
 
     m, n = shape
-    r = color_partial(ptr, idx, shape, side, order, seed)
-    k = r.ncolors
-    if side == "column":
-        cc, rc = r.colors, np.full(m, -1, dtype=np.int64)
-        plan = DecompressionPlan("direct", ((k, m), (0, n)), len(idx), gather=r.plan.gather)
-        acolors = np.concatenate([cc, np.full(m, k, dtype=np.int64)])
-    else:
-        cc, rc = np.full(n, -1, dtype=np.int64), r.colors
-        plan = DecompressionPlan("direct", ((0, m), (k, n)), len(idx), gather=r.plan.gather)
-        acolors = np.concatenate([np.full(n, k, dtype=np.int64), rc])
+    rows = csr_rows(ptr)
+    light = np.nonzero(~dense)[0].astype(np.int64)
+    heavy = np.nonzero(dense)[0].astype(np.int64)
+    lptr, lidx, lsrc = _rows_csr(ptr, idx, light)
+    hptr, hidx, hsrc = _rows_csr(ptr, idx, heavy)
+    cr = color_partial(lptr, lidx, (light.shape[0], n), "column", order, seed)
+    used_c = np.zeros(n, dtype=np.bool_)
+    used_c[lidx] = True
+    cc, ncc = _compact(np.asarray(cr.colors), used_c)
+    rc = np.full(m, -1, dtype=np.int64)
+    nrc = 0
+    if heavy.shape[0]:
+        rr = color_partial(hptr, hidx, (heavy.shape[0], n), "row", order, seed)
+        sub, nrc = _compact(np.asarray(rr.colors), np.diff(hptr) > 0)
+        rc[heavy] = sub
+    by_row = dense[rows]
+    gather = np.where(by_row, ncc * m + rc[rows] * n + idx, cc[idx] * m + rows).astype(np.int64)
+    plan = DecompressionPlan("direct", ((ncc, m), (nrc, n)), len(idx), gather=gather)
+    k = ncc + nrc
+    acolors = np.concatenate([np.where(cc >= 0, cc, k), np.where(rc >= 0, ncc + rc, k)])
     return rc, cc, k, plan, acolors
 
 
+def _transposed(res, shape):
+    """A bicoloring of ``A^T`` (from :func:`_split`) as one of ``A`` (``shape`` is ``A``'s)."""
+    rc_t, cc_t, k, plan_t, acol_t = res
+    m, n = shape
+    (nc_t, _), (nr_t, _) = plan_t.compressed_shape
+    # JVPs of A^T are VJPs of A and vice versa: swap the two blocks of the flat buffer
+    g = plan_t.gather
+    jvp_t = g < nc_t * n
+    gather = np.where(jvp_t, nr_t * m + g, g - nc_t * n)
+    return rc_t, cc_t, k, gather, nr_t, nc_t
+
+
+def _split_candidates(ptr, idx, shape, order, seed, best, max_tries=12):
+    """Split bicolorings of ``A`` (dense rows to VJPs) and of ``A^T`` (dense columns to JVPs)
+    for thresholds on the row (column) degree, tried from the one-sided coloring (no dense
+    row) upwards while a lower bound (densest remaining row + densest column among the dense
+    rows) is below the best count so far.  Returns the best candidate strictly better than
+    ``best[2]`` (or ``best``)."""
+    m, n = shape
+    tptr, tidx, tsrc = transpose_csr(ptr, idx, shape)
+    # entry q of A^T is entry tsrc[q] of A
+    inv = np.empty_like(tsrc)
+    inv[tsrc] = np.arange(tsrc.shape[0], dtype=np.int64)
+    for side in ("column", "row"):
+        if side == "column":
+            P, I, shp = ptr, idx, (m, n)
+        else:
+            P, I, shp = tptr, tidx, (n, m)
+        deg = np.diff(P)
+        if deg.shape[0] == 0:
+            continue
+        rank = np.argsort(-deg, kind="stable")
+        dsorted = deg[rank]
+        # candidate numbers of dense rows: 0 and every boundary between distinct degrees
+        ks = [0] + [int(k) for k in np.nonzero(dsorted[:-1] > dsorted[1:])[0] + 1]
+        tries = 0
+        for k in ks:
+            if tries >= max_tries:
+                break
+            rest = int(dsorted[k]) if k < dsorted.shape[0] else 0
+            dense = np.zeros(shp[0], dtype=np.bool_)
+            dense[rank[:k]] = True
+            if k:
+                hi = np.bincount(I[np.repeat(dense, deg)], minlength=shp[1])
+                lb = rest + int(hi.max())
+                if int(hi.max()) >= best[2]:
+                    break
+            else:
+                lb = rest
+            if lb >= best[2]:
+                continue
+            tries += 1
+            res = _split(P, I, shp, order, seed, dense)
+            if res[2] >= best[2]:
+                continue
+            if side == "row":
+                rc_t, cc_t, kk, gather_t, nr, nc = _transposed(res, shape)
+                # A^T's rows are A's columns: its row colors are A's column colors
+                plan = DecompressionPlan("direct", ((nr, m), (nc, n)), len(idx), gather=gather_t[inv])
+                acolors = np.concatenate([np.where(rc_t >= 0, rc_t, kk), np.where(cc_t >= 0, nr + cc_t, kk)])
+                res = (cc_t, rc_t, kk, plan, acolors)
+            best = res
+    return best
+
+
 def color_bidirectional(ptr, idx, shape, order, seed=0, postprocess=False, perm=None) -> Coloring:
-    """Star bicoloring.  The order is computed on the bipartite graph in two layouts
-    (columns first, rows first - they differ in tie-breaking, decisive e.g. for ``natural``);
-    the coloring with fewer AD passes is kept (columns-first on ties)."""
+    """Star bicoloring, or a split bicoloring when it needs fewer AD passes (see the module
+    docstring).  The order is computed on the bipartite graph in two layouts (columns first,
+    rows first - they differ in tie-breaking, decisive e.g. for ``natural``); the coloring with
+    fewer AD passes is kept (columns-first on ties).  An explicit ``perm`` (iterated greedy)
+    colors the augmented graph in that order only."""
     m, n = shape
     nv = n + m
     if nv == 0:
@@ -108,15 +223,7 @@ def color_bidirectional(ptr, idx, shape, order, seed=0, postprocess=False, perm=
         if best is None or res[2] < best[2]:
             best = res
     if not explicit:
-        # lower bounds of the one-sided colorings: the densest row / column
-        lb = {"column": int(np.diff(ptr).max()) if m else 0,
-              "row": int(np.bincount(idx, minlength=n).max()) if n and len(idx) else 0}
-        for side in ("column", "row"):
-            if lb[side] >= best[2]:
-                continue
-            res = _one_sided(side, ptr, idx, shape, order, seed, rows)
-            if res[2] < best[2]:
-                best = res
+        best = _split_candidates(ptr, idx, shape, order, seed, best)
     rc, cc, k, plan, acolors = best
     return Coloring("bidirectional", order, shape, (rc, cc), k, ptr, idx, plan,
                     meta={"augmented_colors": acolors})

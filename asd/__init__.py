@@ -12,11 +12,13 @@ from .errors import (AsdError, ColoringError, ConvergenceWarning, DecompressionE
                      UnsupportedOpError, UnsupportedOpWarning)
 from .operators import SparseHessian, SparseJacobian
 
+from . import distributions, linalg  # noqa: E402  (sparsity-preserving sparse linear algebra)
+
 __version__ = "0.1.0"
 
 __all__ = [
     "jacobian_sparsity", "hessian_sparsity", "color", "Coloring", "sparse_jacobian", "prepare_jacobian",
     "SparseJacobian", "sparse_hessian", "prepare_hessian", "SparseHessian", "gradient_and_hessian",
     "clear_cache", "to_scipy", "AsdError", "TracingError", "UnsupportedOpError", "UnsupportedOpWarning",
-    "ColoringError", "DecompressionError", "InputError", "ConvergenceWarning",
+    "ColoringError", "DecompressionError", "InputError", "ConvergenceWarning", "linalg", "distributions",
 ]

@@ -55,6 +55,7 @@ class _SparseOperator:
 
     def _setup(self, g: Callable, seeds: list, coloring, x: torch.Tensor, batch_size, compile) -> None:
         self._seeds = seeds
+        self._unfused: dict = {}
         self._decompress = Decompressor(coloring, x.device)
         # one batch, direct plan: the gather runs inside the (possibly compiled) product function
         self._fused = (len(seeds) == 1 and self._decompress.index is not None
@@ -80,7 +81,9 @@ class _SparseOperator:
             if seeds.shape[0]:
                 products = self._products[kind]
                 if products.gather is not None:  # the fused path returns values: evaluate unfused
-                    products = Products(products._g, kind, batch_size=products.batch_size)
+                    if kind not in self._unfused:
+                        self._unfused[kind] = Products(products._g, kind, batch_size=products.batch_size)
+                    products = self._unfused[kind]
                 parts.append(products(xf, seeds).reshape(-1))
         if not parts:
             return xf.new_zeros(0)

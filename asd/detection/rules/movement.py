@@ -158,7 +158,7 @@ def selection(call: Call) -> list:
     """Rule for ops choosing between data by a mask (where, masked_fill): union when unknown."""
     try:
         res = run_on_ids(call)
-    except _UnknownSelector:
+    except (_UnknownSelector, IndexError):  # unknown mask, or operands whose ids do not line up
         res = None
     if res is None:
         from .elementwise import broadcast_union

@@ -36,6 +36,15 @@ def seed_matrix(colors: np.ndarray, ncolors: int, dtype: torch.dtype, device) ->
     return S.to(device)
 
 
+def canonical_pattern(pattern) -> sp.csr_array:
+    """A user-given pattern as a bool CSR array with sorted indices and no duplicates."""
+    P = sp.csr_array(pattern)
+    P.sum_duplicates()
+    P.sort_indices()
+    return sp.csr_array((np.ones(P.nnz, dtype=bool), P.indices.astype(np.int64), P.indptr.astype(np.int64)),
+                        shape=P.shape)
+
+
 def _check_call_input(x, shape, dtype, device, what: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise InputError(f"{what} expects a torch.Tensor, got {type(x).__name__}")
@@ -166,7 +175,7 @@ class SparseJacobian(_SparseOperator):
         if pattern is None:
             pattern = jacobian_sparsity(f, x, local=local, strict=strict)
         else:
-            pattern = sp.csr_array(pattern, dtype=bool)
+            pattern = canonical_pattern(pattern)
             if pattern.shape[1] != x.numel():
                 raise InputError(f"the given pattern has {pattern.shape[1]} columns but x has {x.numel()} elements")
         self.pattern = pattern
@@ -258,7 +267,7 @@ class SparseHessian(_SparseOperator):
         if pattern is None:
             pattern = hessian_sparsity(f, x, local=local, strict=strict)
         else:
-            pattern = sp.csr_array(pattern, dtype=bool)
+            pattern = canonical_pattern(pattern)
             if pattern.shape != (x.numel(), x.numel()):
                 raise InputError(f"a Hessian pattern must be ({x.numel()}, {x.numel()}), got {pattern.shape}")
         self.pattern = pattern

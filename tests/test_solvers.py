@@ -1,0 +1,82 @@
+"""Solver hookups: Newton, SciPy least_squares/minimize, IPOPT (when cyipopt is installed)."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import asd
+from asd.problems import brusselator, rosenbrock
+from asd.solvers import least_squares, minimize, newton
+
+
+def test_newton_brusselator_steady_state():
+    N = 6
+    f = brusselator(N)
+    x0 = torch.cat([torch.full((N * N,), 1.2), torch.full((N * N,), 3.0)]).double()
+    res = newton(f, x0, tol=1e-10)
+    assert res.converged and res.iterations <= 10
+    torch.testing.assert_close(res.x[: N * N], torch.ones(N * N, dtype=torch.float64))
+    torch.testing.assert_close(res.x[N * N:], torch.full((N * N,), 3.4, dtype=torch.float64))
+    assert res.history[-1] <= 1e-10 < res.history[0]
+
+
+def test_newton_reports_non_convergence():
+    f = brusselator(4)
+    x0 = torch.rand(32, dtype=torch.float64)
+    with pytest.warns(asd.ConvergenceWarning, match="stopped after 1 iterations"):
+        res = newton(f, x0, maxiter=1, tol=1e-14)
+    assert not res.converged and res.iterations == 1
+
+
+def test_newton_rejects_non_square():
+    with pytest.raises(asd.InputError, match="square"):
+        newton(lambda v: v[:2] ** 2, torch.ones(3, dtype=torch.float64))
+
+
+def test_least_squares_rosenbrock_residuals():
+    def residuals(x):
+        return torch.cat([10 * (x[1:] - x[:-1] ** 2), 1 - x[:-1]])
+
+    res = least_squares(residuals, np.full(20, -0.5), xtol=1e-14, ftol=1e-14, gtol=1e-14)
+    assert res.success
+    np.testing.assert_allclose(res.x, np.ones(20), atol=1e-6)
+    assert res.jac.nnz == 3 * 19  # the sparse Jacobian went to SciPy
+
+
+@pytest.mark.parametrize("method", ["trust-constr", "Newton-CG"])
+def test_minimize_rosenbrock(method):
+    res = minimize(rosenbrock, np.full(30, 0.5), method=method, tol=1e-12, options={"maxiter": 500})
+    np.testing.assert_allclose(res.x, np.ones(30), atol=1e-4)
+
+
+def test_ipopt_constrained_problem():
+    cyipopt = pytest.importorskip("cyipopt", reason="cyipopt is an optional extra (pip install cyipopt-wheels)")
+    from asd.solvers.ipopt import IpoptProblem
+
+    # minimize sum (x_i - 1)^2 + x_i x_{i+1} subject to x_i^2 + x_{i+1}^2 = 1 for even i
+    n = 10
+
+    def f(x):
+        return ((x - 1) ** 2).sum() + (x[1:] * x[:-1]).sum()
+
+    def c(x):
+        return x[0::2] ** 2 + x[1::2] ** 2
+
+    x0 = np.full(n, 0.7)
+    prob = IpoptProblem(f, c, x0)
+    # derivative structures are exact against dense autograd
+    J = torch.autograd.functional.jacobian(c, torch.tensor(x0))
+    rows, cols = prob.jacobianstructure()
+    np.testing.assert_allclose(prob.jacobian(x0), J.numpy()[rows, cols])
+    lam = np.arange(1.0, n // 2 + 1)
+    Hd = torch.autograd.functional.hessian(lambda v: 2.0 * f(v) + (torch.tensor(lam) * c(v)).sum(), torch.tensor(x0))
+    hr, hc = prob.hessianstructure()
+    assert (hr >= hc).all()
+    np.testing.assert_allclose(prob.hessian(x0, lam, 2.0), Hd.numpy()[hr, hc])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x, info = prob.solve(x0, cl=np.ones(n // 2), cu=np.ones(n // 2), print_level=0, tol=1e-10)
+    assert info["status"] == 0
+    np.testing.assert_allclose(c(torch.tensor(x)).numpy(), 1.0, atol=1e-8)

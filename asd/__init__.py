@@ -8,6 +8,7 @@ from .api import (clear_cache, gradient_and_hessian, prepare_hessian, prepare_ja
                   sparse_jacobian, to_scipy)
 from .coloring import Coloring, color
 from .detection import hessian_sparsity, jacobian_sparsity
+from .detection.verify import VerifyReport, verify
 from .errors import (AsdError, ColoringError, ConvergenceWarning, DecompressionError, InputError, TracingError,
                      UnsupportedOpError, UnsupportedOpWarning)
 from .operators import SparseHessian, SparseJacobian
@@ -17,7 +18,7 @@ from . import distributions, linalg  # noqa: E402  (sparsity-preserving sparse l
 __version__ = "0.1.0"
 
 __all__ = [
-    "jacobian_sparsity", "hessian_sparsity", "color", "Coloring", "sparse_jacobian", "prepare_jacobian",
+    "jacobian_sparsity", "hessian_sparsity", "verify", "VerifyReport", "color", "Coloring", "sparse_jacobian", "prepare_jacobian",
     "SparseJacobian", "sparse_hessian", "prepare_hessian", "SparseHessian", "gradient_and_hessian",
     "clear_cache", "to_scipy", "AsdError", "TracingError", "UnsupportedOpError", "UnsupportedOpWarning",
     "ColoringError", "DecompressionError", "InputError", "ConvergenceWarning", "linalg", "distributions",

@@ -295,3 +295,30 @@ def test_sparse_tensor_computed_from_input_is_refused():
 
     with pytest.raises(asd.TracingError, match="computed from the input cannot be traced"):
         asd.jacobian_sparsity(f, torch.randn(3, dtype=torch.float64))
+
+
+def test_inplace_shape_changes_and_vector_matrix_products():
+    W = torch.randn(10, 5, dtype=torch.float64)
+    x = torch.randn(10, dtype=torch.float64)
+    assert_jacobian(asd.sparse_jacobian(lambda v: (v @ W).sin(), x), lambda v: (v @ W).sin(), x)
+
+    def g(X):
+        Y = X.clone()
+        Y.t_()
+        Y.unsqueeze_(0)
+        Y.squeeze_(0)
+        Y.transpose_(0, 1)
+        Z = Y[1:]
+        Z.t_()  # an in-place transpose of a view
+        return (Y * X).sum(1).repeat(3) + (Z.sum(1) ** 2).sum()
+
+    X = torch.randn(3, 4, dtype=torch.float64)
+    assert_jacobian(asd.sparse_jacobian(g, X), g, X)
+    Jd = dense_jacobian(g, X) != 0
+    assert (asd.jacobian_sparsity(g, X).toarray() == Jd.numpy()).all()
+
+
+def test_verify_is_exported():
+    f, x = brusselator(4), brusselator_input(4)
+    report = asd.verify(f, x)
+    assert report.ok and report.precision == 1.0

@@ -219,8 +219,9 @@ def _mutated_args(func) -> list[int]:
     return [j for j, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
 
 
-# Ops whose output shapes do not depend on the values of their floating-point operands but that
-# have no meta kernel: under global tracing they run on zeros in place of the unknown values.
+# Ops that have no meta kernel: under global tracing they run at a generic point (fixed random
+# values) in place of the unknown values. A generic point, not zeros: some output shapes follow the
+# rank of the operands (linalg_lstsq's residuals), and zeros are rank-deficient.
 _SHAPE_NEEDS_NO_DATA = {aten.masked_select.default, aten.linalg_lstsq.default}
 
 # Ops that update running statistics in place as a side effect (batch norm in training mode). The
@@ -243,13 +244,13 @@ def _private_stats(func, pargs, pkwargs):
     return tuple(pargs), pkwargs
 
 
-def _run_on_zeros(func, flat, spec):
+def _run_at_generic_point(func, flat, spec):
     def real(a):
         if isinstance(a, TracedTensor):
             a = a.primal
         if isinstance(a, torch.Tensor) and a.is_meta:
             if a.dtype.is_floating_point or a.is_complex():
-                return torch.zeros(a.shape, dtype=a.dtype)
+                return torch.randn(a.shape, dtype=a.dtype, generator=torch.Generator().manual_seed(0))
             raise TracingError(f"{func} depends on the values of an integer or boolean tensor computed "
                                "from the input; pass local=True to trace at a point")
         return a
@@ -390,7 +391,7 @@ class Tracer:
             pout = func(*pargs, **pkwargs)
         except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
             if any_meta and func in _SHAPE_NEEDS_NO_DATA:
-                pout = _run_on_zeros(func, flat, spec)
+                pout = _run_at_generic_point(func, flat, spec)
             elif any_meta:
                 raise TracingError(
                     f"{func} cannot be traced without values under global tracing "
@@ -485,6 +486,8 @@ class Tracer:
         args = call.args
         b_args = list(args) + [call.kwargs.get(a.name) for a in func._schema.arguments[len(args):]]
         writes = [(j, w) for j, w in aliases if j is not None and w]
+        if torch.Tag.inplace_view in func.tags and isinstance(b_args[0], TracedTensor):
+            return self._inplace_view(call, b_args[0])
         if writes:
             out_sets = self._run_rule(call)
             results = []
@@ -507,6 +510,37 @@ class Tracer:
         if isinstance(pout, (list, tuple)):
             return type(pout)(wrapped)
         return wrapped[0]
+
+    def _inplace_view(self, call: Call, target: TracedTensor) -> TracedTensor:
+        """``squeeze_``, ``t_``, ``transpose_``...: the same tensor, with new metadata and element map."""
+        from torch.utils._mode_utils import no_dispatch
+
+        from .rules.movement import view_ids
+
+        ids_list = view_ids(call, target)
+        if ids_list is None:
+            raise TracingError(f"{call.func} changes a traced tensor's shape in place in a way asd cannot "
+                               "follow; use the out-of-place variant (e.g. x = x.squeeze(0))")
+        primal = call.outs[0]
+        # change the wrapper's own sizes and strides, as torch.utils._python_dispatch does for
+        # wrapper subclasses (no storage: run the op on the metadata only)
+        rest = [a.primal if isinstance(a, TracedTensor) else a for a in call.args[1:]]
+        with no_dispatch():
+            meta_in_tls = torch._C._meta_in_tls_dispatch_include()
+            torch._C._set_meta_in_tls_dispatch_include(True)
+            try:
+                call.func(target, *rest, **call.kwargs)
+            finally:
+                torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
+        ids = ids_list[0]
+        idx = ids if target._idx is None else target._idx[ids]
+        if len(idx) == target._storage.sets.shape[0] and np.array_equal(idx, np.arange(len(idx))):
+            idx = None
+        target._idx = idx
+        target._primal = primal
+        target._geom = (tuple(primal.shape), tuple(primal.stride()), primal.storage_offset())
+        target._epoch = target._storage.epoch
+        return target
 
     def _view(self, base: TracedTensor, primal: torch.Tensor, ids: np.ndarray) -> TracedTensor:
         idx = ids if base._idx is None else base._idx[ids]

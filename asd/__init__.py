@@ -4,6 +4,12 @@ Sparsity detection by index-set tracing, graph coloring, compressed JVPs/VJPs/HV
 decompression into CSR Jacobians and Hessians.
 """
 
+import warnings as _warnings
+
+# asd returns torch.sparse_csr results by contract; PyTorch's one-time "beta" notice about the
+# layout is noise for asd's users.
+_warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state", category=UserWarning)
+
 from .api import (clear_cache, gradient_and_hessian, prepare_hessian, prepare_jacobian, sparse_hessian,
                   sparse_jacobian, to_scipy)
 from .coloring import Coloring, color

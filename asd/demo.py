@@ -82,5 +82,8 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--dense-limit", type=int, default=DENSE_LIMIT)
     p.add_argument("--figures", default="figures")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (default 1: on a small shared machine more threads oversubscribe)")
     a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
     run(a.sizes, a.dense_limit, a.figures)

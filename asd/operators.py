@@ -23,7 +23,7 @@ from .errors import InputError
 JACOBIAN_COLORINGS = ("column", "row", "bidirectional")
 HESSIAN_COLORINGS = ("star", "acyclic")
 MODES = ("auto", "forward", "reverse")
-HVP_MODES = ("auto", "forward_over_reverse", "reverse_over_forward")
+HVP_MODES = ("forward_over_reverse", "reverse_over_forward")
 MAX_GPU_SUBSTITUTION_LEVELS = 64
 
 
@@ -178,6 +178,12 @@ class SparseJacobian(_SparseOperator):
             pattern = canonical_pattern(pattern)
             if pattern.shape[1] != x.numel():
                 raise InputError(f"the given pattern has {pattern.shape[1]} columns but x has {x.numel()} elements")
+            with torch.no_grad():
+                y = f(x)
+            m = y.numel() if isinstance(y, torch.Tensor) else None
+            if m != pattern.shape[0]:
+                raise InputError(f"the given pattern has {pattern.shape[0]} rows but f(x) has "
+                                 f"{m if m is not None else 'no tensor'} elements")
         self.pattern = pattern
         t1 = time.perf_counter()
         self.timings["detection"] = t1 - t0
@@ -232,9 +238,9 @@ class SparseHessian(_SparseOperator):
     order
         Vertex order of the coloring (see :data:`asd.coloring.ORDERS`, or ``"best"``).
     hvp
-        ``"forward_over_reverse"`` (``jvp`` of ``grad``), ``"reverse_over_forward"`` (``grad`` of
-        ``jvp``) or ``"auto"``: reverse-over-forward when evaluating eagerly (PyTorch's eager
-        forward mode is the slower), forward-over-reverse with ``compile=True``.
+        ``"forward_over_reverse"`` (``jvp`` of ``grad``, the default) or ``"reverse_over_forward"``
+        (``grad`` of ``jvp``: often faster eagerly, but PyTorch's double-backward formulas of a few
+        ops (``cumprod`` at a zero) give NaN where forward-over-reverse is exact).
     batch_size, compile, local, strict, pattern
         As for :class:`SparseJacobian`.
 
@@ -250,7 +256,7 @@ class SparseHessian(_SparseOperator):
     _what = "this SparseHessian"
 
     def __init__(self, f: Callable, x: torch.Tensor, *, coloring: str | None = None, order: str = "natural",
-                 hvp: str = "auto", batch_size: int | None = None, compile: bool = False,
+                 hvp: str = "forward_over_reverse", batch_size: int | None = None, compile: bool = False,
                  local: bool = False, strict: bool = False, pattern=None):
         from .coloring import color
         from .detection.hessian import hessian_sparsity
@@ -283,8 +289,6 @@ class SparseHessian(_SparseOperator):
             result = color(pattern, coloring, order=order)
         self.coloring = result
         self.timings["coloring"] = time.perf_counter() - t1
-        if hvp == "auto":
-            hvp = "forward_over_reverse" if compile else "reverse_over_forward"
         self.hvp = hvp
         self._g = scalar_function(f, x.shape)
         seeds = [("hvp" if hvp == "forward_over_reverse" else "hvp_rev",

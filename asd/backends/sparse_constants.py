@@ -15,29 +15,44 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
-# id(A) -> (weak reference to A, A^T). Tensors compare elementwise, so no WeakKeyDictionary.
-_TRANSPOSES: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+# id(A) -> (weak reference to A, structure of A^T). Only the structure is cached: A's values may be
+# changed in place between calls, so the transpose's values are gathered from A on every use.
+_TRANSPOSES: dict[int, tuple] = {}
 
 
 def is_sparse(t) -> bool:
     return isinstance(t, torch.Tensor) and t.layout in _SPARSE
 
 
+def _transpose_structure(A: torch.Tensor):
+    """(perm, crow, col) of A^T in CSR: ``A^T.values = A.values[perm]`` (A in CSR or COO)."""
+    m, n = A.shape
+    if A.layout == torch.sparse_coo:
+        A = A.coalesce()
+        rows, cols = A.indices()
+    else:
+        crow, cols = A.crow_indices(), A.col_indices()
+        rows = torch.repeat_interleave(torch.arange(m, device=crow.device), crow.diff())
+    perm = torch.argsort(cols * m + rows)
+    counts = torch.bincount(cols, minlength=n)
+    crow_t = torch.zeros(n + 1, dtype=torch.int64, device=cols.device)
+    crow_t[1:] = torch.cumsum(counts, 0)
+    return perm, crow_t, rows[perm].to(torch.int64)
+
+
 def _transpose(A: torch.Tensor) -> torch.Tensor:
-    """``A^T`` in ``A``'s layout family, computed once per matrix."""
-    hit = _TRANSPOSES.get(id(A))
-    if hit is not None and hit[0]() is A:
-        return hit[1]
+    """``A^T`` as CSR with ``A``'s current values; its structure is computed once per matrix."""
     # a constant: computed outside any torch.func transform that may be active around this call
     with torch._C._DisableFuncTorch(), torch.no_grad():
-        if A.layout == torch.sparse_coo:
-            At = A.t().coalesce()
-        else:
-            At = A.to_sparse_coo().t().coalesce().to_sparse_csr()
-    key = id(A)
-    _TRANSPOSES[key] = (weakref.ref(A), At)
-    weakref.finalize(A, _TRANSPOSES.pop, key, None)
-    return At
+        hit = _TRANSPOSES.get(id(A))
+        if hit is None or hit[0]() is not A:
+            key = id(A)
+            hit = (weakref.ref(A), _transpose_structure(A))
+            _TRANSPOSES[key] = hit
+            weakref.finalize(A, _TRANSPOSES.pop, key, None)
+        perm, crow_t, col_t = hit[1]
+        values = (A.coalesce() if A.layout == torch.sparse_coo else A).values()[perm]
+        return torch.sparse_csr_tensor(crow_t, col_t, values, size=(A.shape[1], A.shape[0]), check_invariants=False)
 
 
 def _product(A: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

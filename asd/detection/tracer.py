@@ -393,6 +393,13 @@ class Tracer:
             if any_meta and func in _SHAPE_NEEDS_NO_DATA:
                 pout = _run_at_generic_point(func, flat, spec)
             elif any_meta:
+                # A genuine error in f (mismatched shapes) fails at any point too: report it as such.
+                try:
+                    _run_at_generic_point(func, flat, spec)
+                except TracingError:
+                    raise
+                except Exception:  # noqa: BLE001
+                    raise exc from None
                 raise TracingError(
                     f"{func} cannot be traced without values under global tracing "
                     f"({str(exc).splitlines()[0][:200]}); "

@@ -289,3 +289,36 @@ def col2im_rule(call: Call) -> list:
 
 
 register_rule(aten_ops("col2im"), col2im_rule, second_order="linear", family="linear")
+
+
+def _max_pool_backward_rule(d: int):
+    """max_pool{2,3}d_with_indices_backward: grad_output scattered (added) to the saved argmax
+    positions; linear in grad_output, independent of ``self``'s values. With indices computed from
+    the input (unknown under global tracing), every window position may receive each value."""
+
+    def rule(call: Call) -> list:
+        b = call.bound()
+        go, x, indices = b["grad_output"], b["self"], b["indices"]
+        s = call.sets(go)
+        if s is None:
+            return [None]
+        Sin = int(np.prod(x.shape[-d:]))
+        Sout = int(np.prod(go.shape[-d:]))
+        planes = x.numel() // max(Sin, 1)
+        idx = indices.primal if isinstance(indices, TracedTensor) else indices
+        cols_all = np.arange(go.numel())
+        if not idx.is_meta:
+            tgt = (np.arange(planes)[:, None] * Sin + idx.reshape(planes, Sout).cpu().numpy()).reshape(-1)
+            return [S.gather_union(s, tgt, cols_all, x.numel())]
+        y, xi, Sin, Sout = _pool_geometry(call, x, go, d)
+        rows = (np.arange(planes)[:, None] * Sin + xi[None, :]).reshape(-1)
+        cols = (np.arange(planes)[:, None] * Sout + y[None, :]).reshape(-1)
+        return [S.gather_union(s, rows, cols, x.numel())]
+
+    return rule
+
+
+register_rule(aten_ops("max_pool2d_with_indices_backward"), _max_pool_backward_rule(2), second_order="linear",
+              family="linear")
+register_rule(aten_ops("max_pool3d_with_indices_backward"), _max_pool_backward_rule(3), second_order="linear",
+              family="linear")

@@ -248,13 +248,14 @@ def _known(t):
 
 
 def accumulate(call: Call) -> list:
-    """index_add, scatter_add, scatter_reduce, index_put(accumulate=True), index_reduce, put."""
+    """index_add, scatter_add, scatter_reduce, index_reduce, put and index_put (accumulating or not),
+    scatter (with or without ``reduce``). Overwriting writes with distinct targets are pure movement."""
     b = call.bound()
     f = call.func.overloadpacket
     name = f.__name__.rstrip("_")
-    if name == "index_put" and not b.get("accumulate"):
-        return movement(call)
-    if name == "scatter" and b.get("reduce") is None:
+    overwrite = ((name in ("index_put", "put") and not b.get("accumulate"))
+                 or (name == "scatter" and b.get("reduce") is None))
+    if overwrite and (name == "scatter" and not isinstance(b.get("src"), torch.Tensor)):
         return movement(call)
     out = call.outs[0]
     self_ = b["self"]
@@ -280,9 +281,14 @@ def accumulate(call: Call) -> list:
         src = b["source"]
         tgt = pos.reshape(-1)[_known(b["index"]).reshape(-1)]
         src_ids = _positions(tuple(src.shape)).reshape(-1)
+    if overwrite:
+        if len(np.unique(tgt.reshape(-1).numpy())) == tgt.numel():
+            return movement(call)
+        # Several writes to one place: the value keeps one of them (which one is unspecified) and
+        # reverse mode credits all of them, so the written element depends on every source.
     parts = []
     s_self = call.sets(self_)
-    include_self = b.get("include_self", True)
+    include_self = False if overwrite else b.get("include_self", True)
     if s_self is not None:
         if include_self is False:
             keep = np.arange(self_.numel())

@@ -109,3 +109,11 @@ def test_errors():
     op = asd.prepare_hessian(rosenbrock, x)
     with pytest.raises(asd.InputError, match="shape"):
         op(torch.rand(5, dtype=torch.float64))
+
+
+def test_default_hvp_is_exact_where_double_backward_is_nan():
+    def fn(u):
+        return torch.cumprod(u[:3], 0).sum()
+
+    x = torch.tensor([0.5, 0.0, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(asd.sparse_hessian(fn, x).to_dense(), torch.func.hessian(fn)(x))

@@ -322,3 +322,41 @@ def test_verify_is_exported():
     f, x = brusselator(4), brusselator_input(4)
     report = asd.verify(f, x)
     assert report.ok and report.precision == 1.0
+
+
+def test_sparse_constant_values_changed_in_place():
+    D = torch.diag(torch.ones(6, dtype=torch.float64) * 2) + torch.diag(torch.ones(5, dtype=torch.float64), 1)
+    for A in (D.to_sparse_csr(), D.to_sparse_coo()):
+        def f(u):
+            return A @ (u * u)
+
+        x = torch.randn(6, dtype=torch.float64)
+        op = asd.prepare_jacobian(f, x, mode="reverse")
+        op(x)
+        with torch.no_grad():
+            (A.values() if A.layout == torch.sparse_csr else A._values()).mul_(3)
+        torch.testing.assert_close(op(x).to_dense(), dense_jacobian(lambda u: (3 * D) @ (u * u), x))
+        H = asd.sparse_hessian(lambda u: (u * (A @ u)).sum(), x, cache=False)
+        torch.testing.assert_close(H.to_dense(), 3 * D + 3 * D.T)
+
+
+def test_shape_error_in_f_is_reported_as_such():
+    with pytest.raises(RuntimeError, match="reduction dim|shape"):
+        asd.jacobian_sparsity(lambda x: x @ torch.rand(7, 7, dtype=torch.float64), torch.rand(5, dtype=torch.float64))
+
+
+def test_pattern_with_wrong_rows_is_refused():
+    with pytest.raises(asd.InputError, match="3 rows but f\\(x\\) has 5"):
+        asd.sparse_jacobian(lambda x: x * 2, torch.rand(5, dtype=torch.float64), pattern=np.eye(3, 5))
+
+
+def test_overwriting_writes_with_duplicate_targets_credit_every_write():
+    def f(x):
+        y = x.clone()
+        y[torch.tensor([0, 0, 2])] = x[3:]
+        return y
+
+    x = torch.randn(6, dtype=torch.float64)
+    P = asd.jacobian_sparsity(f, x).toarray()
+    assert not ((torch.func.jacrev(f)(x) != 0).numpy() & ~P).any()
+    assert not ((torch.func.jacfwd(f)(x) != 0).numpy() & ~P).any()

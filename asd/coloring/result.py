@@ -55,10 +55,12 @@ class DecompressionPlan:
 
     @property
     def nlevels(self) -> int:
+        """Number of sequential substitution levels (0 for direct plans)."""
         return 0 if self.level_ptr is None else len(self.level_ptr) - 1
 
     @property
     def compressed_size(self) -> int:
+        """Number of elements of the flat, batch-first compressed buffer the plan reads."""
         shp = self.compressed_shape
         if shp and isinstance(shp[0], tuple):
             return int(sum(int(np.prod(s)) for s in shp))
@@ -108,16 +110,19 @@ class Coloring:
     # -- convenience -------------------------------------------------------------------
     @property
     def nnz(self) -> int:
+        """Number of stored entries of the pattern the plan fills."""
         return int(self.indices.shape[0])
 
     @property
     def nrow_colors(self) -> int:
+        """Row colors (VJPs) of a bidirectional coloring."""
         if self.problem != "bidirectional":
             raise AttributeError("nrow_colors is only defined for bidirectional colorings")
         return int(self.plan.compressed_shape[1][0])
 
     @property
     def ncol_colors(self) -> int:
+        """Column colors (JVPs) of a bidirectional coloring."""
         if self.problem != "bidirectional":
             raise AttributeError("ncol_colors is only defined for bidirectional colorings")
         return int(self.plan.compressed_shape[0][0])

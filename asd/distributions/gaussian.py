@@ -116,6 +116,7 @@ class SparseMultivariateNormal(Distribution):
 
     @property
     def mean(self) -> torch.Tensor:
+        """The mean, ``loc``."""
         return self.loc
 
     def _to_cols(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
@@ -164,5 +165,6 @@ class SparseMultivariateNormal(Distribution):
         return -0.5 * maha - self._half_logdet_cov() - 0.5 * self._n * math.log(2 * math.pi)
 
     def entropy(self) -> torch.Tensor:
+        """Differential entropy, ``n/2 (1 + log 2 pi) + 1/2 log det Sigma``, differentiable through the factor."""
         h = 0.5 * self._n * (1.0 + math.log(2 * math.pi)) + self._half_logdet_cov()
         return h.expand(self.batch_shape)

@@ -373,3 +373,19 @@ def test_strict_raises():
     with pytest.warns(UserWarning, match="conservative"):
         P = jacobian_sparsity(op, torch.randn(3))
     assert P.toarray().all()
+
+
+def test_fill_values_of_movement_ops_carry_no_dependence():
+    """Scalar fill values (masked_fill, constant padding, scatter.value) depend on no input."""
+    x = torch.randn(6, dtype=torch.float64)
+    mask = torch.tensor([True, False, True, False, False, True])
+    cases = [
+        lambda v: v.masked_fill(mask, 5.0),
+        lambda v: torch.nn.functional.pad(v, (2, 3), value=3.0),
+        lambda v: torch.scatter(v, 0, torch.tensor([1, 4]), 4.0),
+        lambda v: torch.scatter(v[0], 0, torch.tensor(0), 2.5),
+    ]
+    for f in cases:
+        P = jacobian_sparsity(f, x).toarray()
+        J = torch.autograd.functional.jacobian(f, x).reshape(P.shape) != 0
+        assert (P == J.numpy()).all()

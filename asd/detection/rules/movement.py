@@ -28,7 +28,9 @@ def _is_data(a) -> bool:
 
 
 def _scalar_arg_names(func) -> set[str]:
-    return {a.name for a in func._schema.arguments if str(a.type) in ("Scalar", "Optional[Scalar]")}
+    # TorchScript prints the schema type ``Scalar`` as ``number``
+    return {a.name for a in func._schema.arguments
+            if str(a.type) in ("Scalar", "Optional[Scalar]", "number", "Optional[number]")}
 
 
 def _id_call(call: Call, id_dtype: torch.dtype, data_value=None):

@@ -26,3 +26,10 @@ def _fresh_cache():
     asd.clear_cache()
     yield
     asd.clear_cache()
+
+
+@pytest.fixture(autouse=True)
+def _default_dtype_is_restored():
+    """Every test starts from, and must leave, torch's float32 default dtype."""
+    assert torch.get_default_dtype() == torch.float32, "a test module changed torch's default dtype"
+    yield

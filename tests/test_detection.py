@@ -17,7 +17,15 @@ from asd.detection import jacobian_sparsity
 from asd.detection.verify import verify
 from asd.errors import InputError, TracingError, UnsupportedOpError
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _float64_default():
+    """float64 by default inside this module only (a module-level set would leak into other tests)."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(saved)
 SETTINGS = settings(max_examples=8, deadline=None)
 
 

@@ -35,7 +35,7 @@ test-all: $(STAMP)
 # Peers live in the benchmark environment only: casadi beside asd, jax + asdex in their own venv.
 BENCH_VENV ?= .venv-bench-jax
 $(VENV)/.bench: $(STAMP)
-	$(PY) -m pip install casadi tqdm torchsparsegradutils
+	$(PY) -m pip install -e ".[bench]"
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install jax jaxlib asdex
 	touch $(VENV)/.bench

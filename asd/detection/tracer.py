@@ -244,6 +244,46 @@ def _private_stats(func, pargs, pkwargs):
     return tuple(pargs), pkwargs
 
 
+# Output metadata of functional ops on meta tensors, keyed on the op and its arguments' metadata:
+# many meta kernels are Python reference implementations, and a traced function repeats the same
+# few calls (the same shapes) many times.
+_META_CACHE: dict = {}
+_META_CACHE_SIZE = 8192
+
+
+def _meta_key(a):
+    if isinstance(a, torch.Tensor):
+        if not a.is_meta or a.layout != torch.strided:
+            raise TypeError
+        return ("T", tuple(a.shape), a.stride(), a.dtype)
+    if isinstance(a, (list, tuple)):
+        return tuple(_meta_key(t) for t in a)
+    hash(a)
+    return a
+
+
+def _meta_call(func, pflat, spec, pargs, pkwargs):
+    """``func(*pargs, **pkwargs)`` on meta tensors, memoized for ops that return fresh tensors."""
+    if any(r.alias_info is not None for r in func._schema.returns) or torch.Tag.nondeterministic_seeded in func.tags:
+        return func(*pargs, **pkwargs)
+    try:
+        key = (func, spec, tuple(_meta_key(a) for a in pflat))
+    except TypeError:  # an unhashable argument: no memo
+        return func(*pargs, **pkwargs)
+    hit = _META_CACHE.get(key)
+    if hit is None:
+        out = func(*pargs, **pkwargs)
+        leaves, out_spec = tree_flatten(out)
+        if not all(isinstance(t, torch.Tensor) and t.is_meta and t.layout == torch.strided for t in leaves):
+            return out
+        if len(_META_CACHE) >= _META_CACHE_SIZE:
+            _META_CACHE.clear()
+        _META_CACHE[key] = ([(tuple(t.shape), t.stride(), t.dtype) for t in leaves], out_spec)
+        return out
+    metas, out_spec = hit
+    return tree_unflatten([torch.empty_strided(sh, st, dtype=dt, device="meta") for sh, st, dt in metas], out_spec)
+
+
 def _run_at_generic_point(func, flat, spec):
     def real(a):
         if isinstance(a, TracedTensor):
@@ -388,7 +428,10 @@ class Tracer:
         if func in _STAT_UPDATES:
             pargs, pkwargs = _private_stats(func, pargs, pkwargs)
         try:
-            pout = func(*pargs, **pkwargs)
+            if any_meta and not mutated:
+                pout = _meta_call(func, pflat, spec, pargs, pkwargs)
+            else:
+                pout = func(*pargs, **pkwargs)
         except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
             if any_meta and func in _SHAPE_NEEDS_NO_DATA:
                 pout = _run_at_generic_point(func, flat, spec)

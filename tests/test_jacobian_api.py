@@ -360,3 +360,27 @@ def test_overwriting_writes_with_duplicate_targets_credit_every_write():
     P = asd.jacobian_sparsity(f, x).toarray()
     assert not ((torch.func.jacrev(f)(x) != 0).numpy() & ~P).any()
     assert not ((torch.func.jacfwd(f)(x) != 0).numpy() & ~P).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_half_precision_inputs(dtype):
+    x = torch.rand(5, dtype=dtype)
+
+    def f(v):
+        return v * v + v.roll(1)
+
+    J = asd.sparse_jacobian(f, x)
+    assert J.dtype == dtype
+    ref = torch.autograd.functional.jacobian(f, x.double()).to(dtype)
+    torch.testing.assert_close(J.to_dense(), ref)
+
+
+def test_zero_dimensional_and_empty_inputs():
+    x0 = torch.tensor(0.7, dtype=torch.float64)
+    J = asd.sparse_jacobian(lambda v: torch.stack([v.sin(), v * v]), x0)
+    torch.testing.assert_close(J.to_dense(), torch.tensor([[torch.cos(x0).item()], [1.4]], dtype=torch.float64))
+    H = asd.sparse_hessian(lambda v: v.sin() * v, x0)
+    torch.testing.assert_close(H.to_dense().reshape(()), torch.func.hessian(lambda v: v.sin() * v)(x0))
+    xe = torch.zeros(0, dtype=torch.float64)
+    assert asd.sparse_jacobian(lambda v: v * 2, xe).shape == (0, 0)
+    assert asd.sparse_jacobian(lambda v: torch.cat([v, torch.ones(2, dtype=v.dtype)]), xe).shape == (2, 0)

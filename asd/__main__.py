@@ -13,10 +13,11 @@ def main(argv=None) -> None:
     elif cmd == "bench":
         from .bench import main as run
     elif cmd == "figures":
-        from .demo import save_figure
+        from .viz.guide import make_figures
 
         def run(args):
-            print(save_figure(args[0] if args else "figures"))
+            for path in make_figures(args[0] if args else "figures"):
+                print(path)
     else:
         sys.exit(f"unknown command {cmd!r}; use one of: demo, bench, figures")
     run(argv)

@@ -10,10 +10,7 @@ import numpy as np
 
 __all__ = ["plot_coloring_graph"]
 
-_PALETTE = [
-    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
-    "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
-]
+from asd.viz.palette import color_of
 
 
 def plot_coloring_graph(pattern, coloring, ax=None, *, layout: str = "auto", labels: bool = True,
@@ -46,7 +43,7 @@ def plot_coloring_graph(pattern, coloring, ax=None, *, layout: str = "auto", lab
         a, b = e.tuple
         ax.plot(xy[[a, b], 0], xy[[a, b], 1], color="0.6", lw=0.8, zorder=1)
     colors = np.asarray(g.vs["color"])
-    face = ["white" if c < 0 else _PALETTE[c % len(_PALETTE)] for c in colors]
+    face = [color_of(int(c)) for c in colors]
     marker = None
     if coloring.problem == "bidirectional":
         marker = np.where(np.asarray(g.vs["type"]), "s", "o")

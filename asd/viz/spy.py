@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from .palette import color_of
+
 
 def entry_colors(coloring) -> np.ndarray:
     """For every stored entry (CSR order of ``coloring``), the color of the product it comes from.
@@ -48,9 +50,7 @@ def spy_coloring(pattern, coloring=None, ax=None, *, markersize: float | None = 
     if coloring is not None:
         indptr, indices = np.asarray(coloring.indptr), np.asarray(coloring.indices)
         rows = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-        c = entry_colors(coloring)
-        cmap = plt.get_cmap("tab20" if c.max(initial=0) >= 10 else "tab10")
-        colors = cmap(c % cmap.N)
+        colors = [color_of(int(c)) for c in entry_colors(coloring)]
     else:
         rows, indices = P.nonzero()
         colors = "k"

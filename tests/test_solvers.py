@@ -52,7 +52,7 @@ def test_minimize_rosenbrock(method):
 
 
 def test_ipopt_constrained_problem():
-    cyipopt = pytest.importorskip("cyipopt", reason="cyipopt is an optional extra (pip install cyipopt-wheels)")
+    pytest.importorskip("cyipopt", reason="cyipopt is an optional extra (pip install cyipopt-wheels)")
     from asd.solvers.ipopt import IpoptProblem
 
     # minimize sum (x_i - 1)^2 + x_i x_{i+1} subject to x_i^2 + x_{i+1}^2 = 1 for even i

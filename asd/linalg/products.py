@@ -12,7 +12,6 @@ backward for free).
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 

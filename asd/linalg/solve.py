@@ -16,8 +16,7 @@ import torch
 from asd.errors import ConvergenceWarning, InputError
 from asd.linalg import _kernels as K
 from asd.linalg import krylov
-from asd.linalg._sparse import (Pattern, check_dense, check_dtypes, from_columns, get_pattern,
-                                to_columns, values_of, check_sparse)
+from asd.linalg._sparse import Pattern, check_dense, check_dtypes, from_columns, to_columns, values_of
 from asd.linalg.krylov import KRYLOV_METHODS, SolveInfo
 from asd.linalg.products import _SDDMM
 

@@ -38,9 +38,9 @@ def conv_jacobian(folder: str) -> str:
 
 def coloring_graph(folder: str) -> str | None:
     """The column-intersection graph of a small banded pattern with its coloring (needs igraph)."""
-    try:
-        import igraph  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("igraph") is None:  # optional extra
         return None
     from ..coloring import color
     from .coloring import plot_coloring_graph

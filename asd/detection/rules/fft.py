@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import sets as S
 from ..registry import aten_ops, register_rule
 from ..tracer import Call
 from .nn import slice_union, to_out

@@ -81,7 +81,6 @@ def _solve(call: Call, A, B, left: bool, x_out: int) -> list:
             parts.append(_spread(uB, X, nb))
         else:
             # union over the solved dim of B, then broadcast the batch
-            Bt = B if left else None
             n, k = X.shape[-2], X.shape[-1]
             d = -2 if left else -1
             shp = list(B.shape)
@@ -91,7 +90,6 @@ def _solve(call: Call, A, B, left: bool, x_out: int) -> list:
             groups = torch.arange(ids.numel() // red, dtype=torch.int64).reshape(ids.shape[:-1])
             u = S.gather_union(sB, groups.unsqueeze(-1).expand(ids.shape).reshape(-1).numpy(),
                                ids.reshape(-1).numpy(), groups.numel())
-            del Bt
             try:
                 g = groups.broadcast_to(xb + tuple(groups.shape[-1:]))
             except RuntimeError:

@@ -11,15 +11,13 @@ kernel offset, input position) triples inside the input; channels follow the gro
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import scipy.sparse as sp
 import torch
 
 from .. import sets as S
 from ..registry import aten_ops, register_rule
-from ..tracer import Call, TracedTensor, is_differentiable_dtype
+from ..tracer import Call, TracedTensor
 from .elementwise import operand_sets
 
 aten = torch.ops.aten

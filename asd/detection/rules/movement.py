@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 
 from ...errors import TracingError
 from .. import sets as S

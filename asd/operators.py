@@ -62,6 +62,13 @@ class _SparseOperator:
 
     _what = "this operator"
 
+    def _bind_input(self, f: Callable, x: torch.Tensor) -> None:
+        """Validate ``x`` and record the function and the input metadata calls must match."""
+        check_input(x)
+        self.f = f
+        self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
+        self.timings: dict[str, float] = {}
+
     def _setup(self, g: Callable, seeds: list, coloring, x: torch.Tensor, batch_size, compile) -> None:
         self._seeds = seeds
         self._unfused: dict = {}
@@ -160,16 +167,11 @@ class SparseJacobian(_SparseOperator):
         from .coloring import color
         from .detection.jacobian import jacobian_sparsity
 
-        check_input(x)
+        self._bind_input(f, x)
         if mode not in MODES:
             raise InputError(f"mode must be one of {MODES}, got {mode!r}")
         if coloring is not None and coloring not in JACOBIAN_COLORINGS:
             raise InputError(f"a Jacobian coloring must be one of {JACOBIAN_COLORINGS}, got {coloring!r}")
-        self.f = f
-        self.shape = tuple(x.shape)
-        self.dtype = x.dtype
-        self.device = x.device
-        self.timings: dict[str, float] = {}
 
         t0 = time.perf_counter()
         if pattern is None:
@@ -261,14 +263,11 @@ class SparseHessian(_SparseOperator):
         from .coloring import color
         from .detection.hessian import hessian_sparsity
 
-        check_input(x)
+        self._bind_input(f, x)
         if coloring is not None and coloring not in HESSIAN_COLORINGS:
             raise InputError(f"a Hessian coloring must be one of {HESSIAN_COLORINGS}, got {coloring!r}")
         if hvp not in HVP_MODES:
             raise InputError(f"hvp must be one of {HVP_MODES}, got {hvp!r}")
-        self.f = f
-        self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
-        self.timings: dict[str, float] = {}
         t0 = time.perf_counter()
         if pattern is None:
             pattern = hessian_sparsity(f, x, local=local, strict=strict)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+import scipy.sparse as sp
 import torch
 
 
@@ -70,3 +72,27 @@ def total_variation(N: int, eps: float = 1e-2) -> Callable[[torch.Tensor], torch
     return f
 
 
+
+
+def banded_pattern(n: int, rho: int) -> sp.csr_array:
+    """A symmetric banded pattern with ``rho`` off-diagonal bands (half-bandwidth ``rho // 2``):
+    star coloring needs ``2 * (rho // 2) + 1`` colors, acyclic ``rho // 2 + 1``."""
+    k = rho // 2
+    offsets = list(range(-k, k + 1))
+    return sp.csr_array(sp.diags([np.ones(n - abs(d)) for d in offsets], offsets, format="csr").astype(bool))
+
+
+def arrowhead_pattern(N: int, K: int) -> sp.csr_array:
+    """Hessian pattern of SparseConnectivityTracer's ArrowHead(K) benchmark: a band of half-width
+    ``K - 1`` plus the first ``K`` variables coupled to all."""
+    a = np.arange(N)
+    r, c = [], []
+    for d in range(-(K - 1), K):
+        ok = (a + d >= 0) & (a + d < N)
+        r.append(a[ok])
+        c.append(a[ok] + d)
+    for j in range(K):
+        r += [a, np.full(N, j)]
+        c += [np.full(N, j), a]
+    r, c = np.concatenate(r), np.concatenate(c)
+    return sp.csr_array((np.ones(r.size, dtype=bool), (r, c)), shape=(N, N))

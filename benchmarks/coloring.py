@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import asd.coloring as C  # noqa: E402
 from asd.coloring.mtx import read_pattern  # noqa: E402
+from asd.problems import arrowhead_pattern as arrowhead, banded_pattern as banded  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "matrices"
 OUT = ROOT / "benchmarks" / "results" / "coloring.json"
@@ -85,25 +86,6 @@ def brusselator(N):
     r, c = np.concatenate(rows), np.concatenate(cols)
     return sp.csr_array((np.ones(r.size, dtype=bool), (r, c)), shape=(2 * M, 2 * M))
 
-
-def arrowhead(N, K):
-    """Hessian pattern of SCT's ArrowHead(K) benchmark: band of half-width K-1, first K
-    variables coupled to all, diagonal."""
-    a = np.arange(N)
-    r, c = [], []
-    for d in range(-(K - 1), K):
-        ok = (a + d >= 0) & (a + d < N)
-        r.append(a[ok]), c.append(a[ok] + d)
-    for j in range(K):
-        r += [a, np.full(N, j)]
-        c += [np.full(N, j), a]
-    r, c = np.concatenate(r), np.concatenate(c)
-    return sp.csr_array((np.ones(r.size, dtype=bool), (r, c)), shape=(N, N))
-
-
-def banded(n, rho):
-    k = rho // 2
-    return sp.diags([np.ones(n - abs(d)) for d in range(-k, k + 1)], list(range(-k, k + 1)), format="csr")
 
 
 # ------------------------------------------------------------------------------------ timing

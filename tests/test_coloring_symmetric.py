@@ -8,6 +8,7 @@ import asd.coloring as C
 from asd.coloring.build import from_colors
 from asd.coloring.graphs import transpose_positions
 from asd.errors import ColoringError
+from asd.problems import arrowhead_pattern as arrowhead, banded_pattern as banded
 
 
 def _sym(n, density, seed, diag=True):
@@ -17,23 +18,6 @@ def _sym(n, density, seed, diag=True):
         A = (A + sp.identity(n, format="csr")).tocsr()
     return A
 
-
-def banded(n, rho):
-    k = rho // 2
-    return sp.diags([np.ones(n - abs(d)) for d in range(-k, k + 1)], list(range(-k, k + 1)), format="csr")
-
-
-def arrowhead(N, K):
-    a = np.arange(N)
-    r, c = [], []
-    for d in range(-(K - 1), K):
-        ok = (a + d >= 0) & (a + d < N)
-        r.append(a[ok]), c.append(a[ok] + d)
-    for j in range(K):
-        r += [a, np.full(N, j)]
-        c += [np.full(N, j), a]
-    r, c = np.concatenate(r), np.concatenate(c)
-    return sp.csr_array((np.ones(r.size, dtype=bool), (r, c)), shape=(N, N))
 
 
 def _roundtrip(res, seed=0):

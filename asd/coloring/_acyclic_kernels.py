@@ -4,6 +4,7 @@
 import numpy as np
 from numba import njit
 
+from asd.coloring._graph_kernels import first_fit
 from asd.coloring._star_kernels import _note_color
 
 
@@ -99,12 +100,9 @@ def acyclic_color(order, ptr, idx, tpos, heavy, nslots, width):
                     visit_w[r] = w
                 elif visit_w[r] != w:
                     forbidden[cx] = v
-        c = 0
-        while forbidden[c] == v:
-            c += 1
+        c = first_fit(forbidden, v)
         color[v] = c
-        if c + 1 > ncol:
-            ncol = c + 1
+        ncol = max(ncol, c + 1)
         # merge the new edges into the two-colored trees they touch
         for p in range(ptr[v], ptr[v + 1]):
             w = idx[p]

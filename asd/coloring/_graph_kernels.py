@@ -52,3 +52,13 @@ def union(ptr, idx, tptr, tidx):
             k += 1
         out_ptr[i + 1] = k
     return out_ptr, out[:k].copy()
+
+
+@njit(cache=True, inline="always")
+def first_fit(forbidden, v):
+    """The smallest color ``c`` with ``forbidden[c] != v`` (colors forbidden for vertex ``v`` are
+    marked with ``v``, so the array never needs clearing between vertices)."""
+    c = 0
+    while forbidden[c] == v:
+        c += 1
+    return c

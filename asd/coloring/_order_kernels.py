@@ -9,6 +9,8 @@ which is how column/row intersection graphs are handled without forming ``A^T A`
 import numpy as np
 from numba import njit
 
+from asd.coloring._graph_kernels import first_fit
+
 
 @njit(cache=True)
 def _nbrs(v, d2, p1, i1, p2, i2, marker, buf):
@@ -182,10 +184,7 @@ def greedy_d2(order, p1, i1, p2, i2, nv):
                 c = color[i2[b]]
                 if c >= 0:
                     forbidden[c] = v
-        c = 0
-        while forbidden[c] == v:
-            c += 1
+        c = first_fit(forbidden, v)
         color[v] = c
-        if c + 1 > ncol:
-            ncol = c + 1
+        ncol = max(ncol, c + 1)
     return color, ncol

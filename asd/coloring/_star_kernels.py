@@ -9,6 +9,8 @@ edge with both ends colored belongs to exactly one two-colored star, whose hub i
 import numpy as np
 from numba import njit
 
+from asd.coloring._graph_kernels import first_fit
+
 
 @njit(cache=True)
 def _treat(v, w, ptr, idx, color, forbidden):
@@ -117,12 +119,9 @@ def star_color(order, ptr, idx, tpos, heavy, nslots, width):
                             s = star[q]
                             if hub[s] == x:
                                 forbidden[cx] = v
-        c = 0
-        while forbidden[c] == v:
-            c += 1
+        c = first_fit(forbidden, v)
         color[v] = c
-        if c + 1 > ncol:
-            ncol = c + 1
+        ncol = max(ncol, c + 1)
         # 3. update the star sets with the new edges (v, w)
         for p in range(ptr[v], ptr[v + 1]):
             w = idx[p]

@@ -187,9 +187,8 @@ def get_pattern(A: torch.Tensor) -> Pattern:
         crow, col = A.crow_indices(), A.col_indices()
         key = ("csr", tuple(A.shape), crow.data_ptr(), col.data_ptr(), crow._version,
                col._version, col.numel(), str(A.device))
-        P = _CACHE.get(key)
+        P = _cached_pattern(key)
         if P is not None:
-            _CACHE.move_to_end(key)
             return P
         if A.dim() == 3:
             B, n, m = A.shape
@@ -205,9 +204,8 @@ def get_pattern(A: torch.Tensor) -> Pattern:
     else:
         idx = A._indices()
         key = ("coo", tuple(A.shape), idx.data_ptr(), idx._version, idx.shape[1], str(A.device))
-        P = _CACHE.get(key)
+        P = _cached_pattern(key)
         if P is not None:
-            _CACHE.move_to_end(key)
             return P
         if A.dim() == 3:
             B, n, m = A.shape
@@ -227,6 +225,15 @@ def get_pattern(A: torch.Tensor) -> Pattern:
     total = sum(p.nnz for p in _CACHE.values())
     while len(_CACHE) > 1 and (len(_CACHE) > _CACHE_SIZE or total > _CACHE_NNZ):
         total -= _CACHE.popitem(last=False)[1].nnz
+    return P
+
+
+def _cached_pattern(key):
+    """A cached pattern, marked most recently used (entries keep their index tensors alive, so a
+    key's ``data_ptr`` cannot be reused by another tensor while it is cached)."""
+    P = _CACHE.get(key)
+    if P is not None:
+        _CACHE.move_to_end(key)
     return P
 
 

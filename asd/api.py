@@ -9,7 +9,8 @@ import scipy.sparse as sp
 import torch
 
 from .detection.jacobian import check_input
-from .operators import CACHE, SparseHessian, SparseJacobian, cache_key
+from .cache import CACHE, cache_key
+from .operators import SparseHessian, SparseJacobian
 
 
 def prepare_jacobian(f: Callable, x: torch.Tensor, **options) -> SparseJacobian:

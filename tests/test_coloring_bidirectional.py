@@ -11,9 +11,9 @@ def _roundtrip(res, seed=0):
     v = np.random.default_rng(seed).standard_normal(res.nnz)
     J = res.to_scipy(v).toarray()
     rs, cs = res.seeds()
-    assert rs.shape == (res.shape[0], res.nrow_colors) and cs.shape == (res.shape[1], res.ncol_colors)
-    Bc = (J @ cs).T  # (ncol, m): one JVP per column color
-    Br = (J.T @ rs).T  # (nrow, n): one VJP per row color
+    assert rs.shape == (res.nrow_colors, res.shape[0]) and cs.shape == (res.ncol_colors, res.shape[1])
+    Bc = cs @ J.T  # (ncol, m): one JVP per column color
+    Br = rs @ J  # (nrow, n): one VJP per row color
     assert (Bc.shape, Br.shape) == res.plan.compressed_shape
     flat = np.concatenate([Bc.ravel(), Br.ravel()])
     np.testing.assert_array_equal(res.decompress(flat), v)

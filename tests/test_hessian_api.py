@@ -88,7 +88,7 @@ def test_batch_size_and_compile():
 
 
 def test_cache_for_hessians():
-    from asd.operators import CACHE
+    from asd.cache import CACHE
 
     x = torch.rand(10, dtype=torch.float64)
     asd.sparse_hessian(rosenbrock, x)

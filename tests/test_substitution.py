@@ -8,8 +8,7 @@ import scipy.sparse as sp
 torch = pytest.importorskip("torch")
 
 import asd.coloring as C  # noqa: E402
-from asd.coloring.graphs import transpose_positions  # noqa: E402
-from asd.decompression.substitution import prepare_substitution, substitute  # noqa: E402
+from asd.decompression.device import prepared, substitute  # noqa: E402
 from asd.errors import DecompressionError  # noqa: E402
 
 
@@ -18,9 +17,9 @@ def _case(n=60, density=0.08, seed=0, order="natural"):
     A = (A + A.T + sp.identity(n)).tocsr()
     res = C.color(A, "acyclic", order)
     v = np.random.default_rng(seed).standard_normal(res.nnz)
-    v = v + v[transpose_positions(res.indptr, res.indices)]
+    v = v + v[res.pattern.transpose_with_positions[1]]
     H = res.to_scipy(v).toarray()
-    B = (H @ res.seeds()).T
+    B = (H @ res.seeds().T).T
     return res, v, B
 
 
@@ -39,8 +38,8 @@ def test_substitute_matches(order, dtype, fast):
 def test_levelwise_equals_numba_exactly_on_integers():
     res, _, _ = _case(n=120, seed=4)
     v = np.random.default_rng(0).integers(-9, 9, res.nnz).astype(np.float64)
-    v = v + v[transpose_positions(res.indptr, res.indices)]
-    B = torch.tensor((res.to_scipy(v).toarray() @ res.seeds()).T)
+    v = v + v[res.pattern.transpose_with_positions[1]]
+    B = torch.tensor((res.to_scipy(v).toarray() @ res.seeds().T).T)
     a = substitute(res.plan, B, fast=False)
     b = substitute(res.plan, B, fast=True)
     assert torch.equal(a, b)
@@ -55,9 +54,9 @@ def test_autograd_and_prepared():
     w = torch.randn(res.nnz, dtype=torch.float64)
     (out * w).sum().backward()
     assert Bt.grad is not None and Bt.grad.shape == Bt.shape
-    prep = prepare_substitution(res.plan, "cpu")
-    assert prepare_substitution(res.plan, "cpu") is prep
-    np.testing.assert_allclose(substitute(prep, torch.tensor(B)).numpy(), v, rtol=1e-12, atol=1e-12)
+    prep = prepared(res.plan, "cpu")
+    assert prepared(res.plan, "cpu") is prep  # one prepared plan per (plan, device)
+    np.testing.assert_allclose(substitute(res.plan, torch.tensor(B), fast=False).numpy(), v, rtol=1e-12, atol=1e-12)
 
 
 def test_wrong_size_raises():
@@ -72,8 +71,8 @@ def test_banded_deep_levels():
     res = C.color(A, "acyclic")
     assert res.ncolors == 2
     v = np.random.default_rng(1).standard_normal(res.nnz)
-    v = v + v[transpose_positions(res.indptr, res.indices)]
-    B = (res.to_scipy(v).toarray() @ res.seeds()).T
+    v = v + v[res.pattern.transpose_with_positions[1]]
+    B = (res.to_scipy(v).toarray() @ res.seeds().T).T
     out = substitute(res.plan, torch.tensor(B), fast=False)
     np.testing.assert_allclose(out.numpy(), v, rtol=1e-9, atol=1e-9)
 

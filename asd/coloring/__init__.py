@@ -11,12 +11,15 @@ import numpy as np
 
 from asd.coloring.check import check
 from asd.coloring.orders import BEST_ORDERS, ORDERS, check_order
-from asd.coloring.result import Coloring, DecompressionPlan
+from asd.coloring.result import (AcyclicColoring, BiColoring, Coloring, ColumnColoring, ColumnSeeds, RowColoring,
+                                 RowSeeds, StarColoring)
 from asd.errors import ColoringError
+from asd.patterns import SparsityPattern, as_pattern
 
 PROBLEMS = ("column", "row", "star", "acyclic", "bidirectional")
 
-__all__ = ["color", "check", "Coloring", "DecompressionPlan", "ORDERS", "PROBLEMS"]
+__all__ = ["color", "check", "Coloring", "ColumnColoring", "RowColoring", "StarColoring", "AcyclicColoring",
+           "BiColoring", "ColumnSeeds", "RowSeeds", "ORDERS", "PROBLEMS"]
 
 #: extra seeded random orders tried by ``order="best"``
 BEST_RANDOM_TRIES = 3
@@ -24,22 +27,36 @@ BEST_RANDOM_TRIES = 3
 ITERATED_GREEDY_ROUNDS = 30
 
 
-def _color_one(ptr, idx, shape, problem, order, seed, postprocess, tpos=None, perm=None):
+def _color_one(pattern, problem, order, seed, postprocess, perm=None) -> Coloring:
     if problem in ("column", "row"):
         from asd.coloring.greedy import color_partial
 
-        return color_partial(ptr, idx, shape, problem, order, seed, perm=perm)
+        return color_partial(pattern, problem, order, seed, perm=perm)
     if problem == "star":
         from asd.coloring.star import color_star
 
-        return color_star(ptr, idx, shape, order, seed, postprocess, tpos=tpos, perm=perm)
+        return color_star(pattern, order, seed, postprocess, perm=perm)
     if problem == "acyclic":
         from asd.coloring.acyclic import color_acyclic
 
-        return color_acyclic(ptr, idx, shape, order, seed, tpos=tpos, perm=perm)
+        return color_acyclic(pattern, order, seed, perm=perm)
     from asd.coloring.bidirectional import color_bidirectional
 
-    return color_bidirectional(ptr, idx, shape, order, seed, postprocess, perm=perm)
+    return color_bidirectional(pattern, order, seed, postprocess, perm=perm)
+
+
+def symmetric_pattern(pattern: SparsityPattern) -> SparsityPattern:
+    """The structure of ``A + A^T`` (``pattern`` itself when it is already symmetric)."""
+    if pattern.shape[0] != pattern.shape[1]:
+        raise ColoringError(f"a symmetric (Hessian) pattern must be square, got shape {pattern.shape}; "
+                            "use problem='column', 'row' or 'bidirectional' for Jacobians")
+    if pattern.is_symmetric:
+        return pattern
+    T = pattern.T
+    rows = np.concatenate([pattern.rows, T.rows])
+    cols = np.concatenate([pattern.indices, T.indices])
+    return SparsityPattern.from_coo(rows, cols, pattern.shape, input_shape=pattern.input_shape,
+                                    output_shape=pattern.output_shape)
 
 
 def color(pattern, problem: str = "column", order: str = "natural", *, seed: int = 0,
@@ -72,42 +89,38 @@ def color(pattern, problem: str = "column", order: str = "natural", *, seed: int
     Returns
     -------
     Coloring
-        Frozen result carrying its :class:`DecompressionPlan`.  The same input, order and
-        seed always give the same coloring.
+        The frozen result of the problem's class (:class:`ColumnColoring`, :class:`RowColoring`,
+        :class:`StarColoring`, :class:`AcyclicColoring` or :class:`BiColoring`), with its
+        decompression plan in ``.plan``.  The same input, order and seed always give the same
+        coloring.
     """
     if not isinstance(problem, str) or problem not in PROBLEMS:
         raise ColoringError(
             f"unknown coloring problem {problem!r}; choose one of {', '.join(repr(p) for p in PROBLEMS)}"
         )
     check_order(order)
-    from asd.coloring.graphs import canonical_csr, symmetrize_with_tpos
-
-    ptr, idx, shape = canonical_csr(pattern)
+    try:
+        P = as_pattern(pattern)
+    except (TypeError, ValueError) as exc:
+        raise ColoringError(str(exc)) from exc
     if problem in ("star", "acyclic"):
-        if shape[0] != shape[1]:
-            raise ColoringError(
-                f"problem={problem!r} colors a symmetric (Hessian) pattern and needs a square "
-                f"matrix, got shape {shape}; use problem='column', 'row' or 'bidirectional' for Jacobians"
-            )
-        ptr, idx, tpos = symmetrize_with_tpos(ptr, idx, shape)
-    else:
-        tpos = None
+        P = symmetric_pattern(P)
     seed = int(seed)
     if order != "best":
-        return _color_one(ptr, idx, shape, problem, order, seed, postprocess, tpos)
+        return _color_one(P, problem, order, seed, postprocess)
     best = None
     tries = [(o, seed) for o in BEST_ORDERS] + [("random", seed + k) for k in range(BEST_RANDOM_TRIES)]
-    results = [_color_one(ptr, idx, shape, problem, o, s, postprocess, tpos) for o, s in tries]
-    rounds = min(ITERATED_GREEDY_ROUNDS, int(3_000_000 // ((len(idx) + 1) * len(results))))
+    results = [_color_one(P, problem, o, s, postprocess) for o, s in tries]
+    rounds = min(ITERATED_GREEDY_ROUNDS, int(3_000_000 // ((P.nnz + 1) * len(results))))
     for res in results:
         if rounds:
-            res = _iterated_greedy(res, ptr, idx, shape, problem, seed, postprocess, tpos, rounds)
+            res = _iterated_greedy(res, P, problem, seed, postprocess, rounds)
         if best is None or res.ncolors < best.ncolors:
             best = res
     return best
 
 
-def _iterated_greedy(best, ptr, idx, shape, problem, seed, postprocess, tpos, rounds):
+def _iterated_greedy(best, pattern, problem, seed, postprocess, rounds):
     """Culberson's iterated greedy: recolor with the vertices grouped by color class (classes
     reversed, largest first, or shuffled); for column/row this never needs more colors.  The
     number of rounds shrinks with the pattern size (none beyond ~3e6 stored entries).  An
@@ -118,7 +131,7 @@ def _iterated_greedy(best, ptr, idx, shape, problem, seed, postprocess, tpos, ro
     start = best.ncolors
     cur = best
     for it in range(rounds):
-        col = np.asarray(cur.meta["augmented_colors"] if problem == "bidirectional" else cur.colors)
+        col = np.asarray(cur.augmented_colors if isinstance(cur, BiColoring) else cur.colors)
         k = max(int(col.max()) + 1 if col.size else 0, 1)
         mode = it % 3
         if mode == 0:
@@ -130,7 +143,7 @@ def _iterated_greedy(best, ptr, idx, shape, problem, seed, postprocess, tpos, ro
         rank = np.empty(k, dtype=np.int64)
         rank[cls] = np.arange(k)
         perm = np.argsort(rank[np.maximum(col, 0)], kind="stable").astype(np.int64)
-        res = _color_one(ptr, idx, shape, problem, best.order, seed, postprocess, tpos, perm=perm)
+        res = _color_one(pattern, problem, best.order, seed, postprocess, perm=perm)
         if problem in ("column", "row") or res.ncolors <= cur.ncolors or it % 3 == 2:
             cur = res
         if cur.ncolors < best.ncolors:

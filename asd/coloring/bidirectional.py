@@ -33,19 +33,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from asd.coloring.graphs import augmented, csr_rows, heavy_vertices, transpose_csr, transpose_positions
+from asd.coloring.graphs import augmented, heavy_vertices
 from asd.coloring.orders import vertex_order
-from asd.coloring.result import Coloring, DecompressionPlan
+from asd.coloring.result import BiColoring
 from asd.coloring.star import renumber, star_endpoints
+from asd.patterns import SparsityPattern
 
 __all__ = ["color_bidirectional"]
 
 
-def _bicolor(perm, ptr, idx, shape, aptr, aidx, apos, atpos, rows, postprocess):
+def _bicolor(perm, pattern, aug, postprocess):
+    """Star bicoloring in the vertex order ``perm`` of the augmented graph ``aug``.
+    Returns ``(row_colors, col_colors, nrow, ncol, from_column, augmented colors)``."""
     from asd.coloring._star_kernels import choose_hubs, star_color
 
-    m, n = shape
-    nnz = len(idx)
+    m, n = pattern.shape
+    idx, rows = pattern.indices, pattern.rows
+    nnz = pattern.nnz
+    aptr, aidx, apos, atpos = aug
     nv = n + m
     colors, K, astar, hub = star_color(perm, aptr, aidx, atpos, *heavy_vertices(aptr))
     K = int(K)
@@ -69,19 +74,17 @@ def _bicolor(perm, ptr, idx, shape, aptr, aidx, apos, atpos, rows, postprocess):
     by_col = (h == idx) | (h < 0)
     cc, ncc = renumber(colors[:n], needed[:K])
     rc, nrc = renumber(colors[n:], needed[K:])
-    gather = np.where(by_col, cc[idx] * m + rows, ncc * m + rc[rows] * n + idx).astype(np.int64)
-    plan = DecompressionPlan("direct", ((ncc, m), (nrc, n)), nnz, gather=gather)
-    return rc, cc, ncc + nrc, plan, colors
+    return rc, cc, nrc, ncc, by_col, colors
 
 
-def _rows_csr(ptr, idx, sel):
-    """CSR structure of the rows ``sel`` (sorted int64) of a CSR structure, and for every entry
-    of it the position of its source entry."""
+def _rows_pattern(pattern, sel):
+    """The rows ``sel`` (sorted int64) of ``pattern`` as a pattern of their own."""
+    ptr, idx = pattern.indptr, pattern.indices
     deg = np.diff(ptr)[sel]
     sptr = np.zeros(sel.shape[0] + 1, dtype=np.int64)
     np.cumsum(deg, out=sptr[1:])
     src = np.repeat(ptr[sel] - sptr[:-1], deg) + np.arange(int(sptr[-1]), dtype=np.int64)
-    return sptr, idx[src], src
+    return SparsityPattern((sel.shape[0], pattern.shape[1]), sptr, idx[src])
 
 
 def _compact(colors, used):
@@ -94,67 +97,48 @@ def _compact(colors, used):
     return out, int(u.shape[0])
 
 
-def _split(ptr, idx, shape, order, seed, dense):
+def _split(pattern, order, seed, dense):
     """Split bicoloring: the entries of the rows ``dense`` (a boolean mask) are read from VJPs,
     all others from JVPs.  The columns are colored (partial distance-2, ``order``) on the other
     rows only, the dense rows on their own; columns without entries outside the dense rows and
-    the other rows are neutral.  With no dense row this is the column coloring.  Returns
-    ``(rc, cc, ncolors, plan, augmented colors)``."""
+    the other rows are neutral.  With no dense row this is the column coloring.  Returns the
+    tuple of :func:`_bicolor`."""
     from asd.coloring.greedy import color_partial
 
-    m, n = shape
-    rows = csr_rows(ptr)
+    m, n = pattern.shape
     light = np.nonzero(~dense)[0].astype(np.int64)
     heavy = np.nonzero(dense)[0].astype(np.int64)
-    lptr, lidx, lsrc = _rows_csr(ptr, idx, light)
-    hptr, hidx, hsrc = _rows_csr(ptr, idx, heavy)
-    cr = color_partial(lptr, lidx, (light.shape[0], n), "column", order, seed)
+    lpat = _rows_pattern(pattern, light)
+    cr = color_partial(lpat, "column", order, seed)
     used_c = np.zeros(n, dtype=np.bool_)
-    used_c[lidx] = True
+    used_c[lpat.indices] = True
     cc, ncc = _compact(np.asarray(cr.colors), used_c)
     rc = np.full(m, -1, dtype=np.int64)
     nrc = 0
     if heavy.shape[0]:
-        rr = color_partial(hptr, hidx, (heavy.shape[0], n), "row", order, seed)
-        sub, nrc = _compact(np.asarray(rr.colors), np.diff(hptr) > 0)
+        hpat = _rows_pattern(pattern, heavy)
+        rr = color_partial(hpat, "row", order, seed)
+        sub, nrc = _compact(np.asarray(rr.colors), np.diff(hpat.indptr) > 0)
         rc[heavy] = sub
-    by_row = dense[rows]
-    gather = np.where(by_row, ncc * m + rc[rows] * n + idx, cc[idx] * m + rows).astype(np.int64)
-    plan = DecompressionPlan("direct", ((ncc, m), (nrc, n)), len(idx), gather=gather)
+    by_col = ~dense[pattern.rows]
     k = ncc + nrc
     acolors = np.concatenate([np.where(cc >= 0, cc, k), np.where(rc >= 0, ncc + rc, k)])
-    return rc, cc, k, plan, acolors
+    return rc, cc, nrc, ncc, by_col, acolors
 
 
-def _transposed(res, shape):
-    """A bicoloring of ``A^T`` (from :func:`_split`) as one of ``A`` (``shape`` is ``A``'s)."""
-    rc_t, cc_t, k, plan_t, acol_t = res
-    m, n = shape
-    (nc_t, _), (nr_t, _) = plan_t.compressed_shape
-    # JVPs of A^T are VJPs of A and vice versa: swap the two blocks of the flat buffer
-    g = plan_t.gather
-    jvp_t = g < nc_t * n
-    gather = np.where(jvp_t, nr_t * m + g, g - nc_t * n)
-    return rc_t, cc_t, k, gather, nr_t, nc_t
-
-
-def _split_candidates(ptr, idx, shape, order, seed, best, max_tries=12):
+def _split_candidates(pattern, order, seed, best, max_tries=12):
     """Split bicolorings of ``A`` (dense rows to VJPs) and of ``A^T`` (dense columns to JVPs)
     for thresholds on the row (column) degree, tried from the one-sided coloring (no dense
     row) upwards while a lower bound (densest remaining row + densest column among the dense
     rows) is below the best count so far.  Returns the best candidate strictly better than
-    ``best[2]`` (or ``best``)."""
-    m, n = shape
-    tptr, tidx, tsrc = transpose_csr(ptr, idx, shape)
-    # entry q of A^T is entry tsrc[q] of A
+    ``best`` (or ``best``)."""
+    T, tsrc = pattern.transpose_with_positions
+    # entry p of A is entry inv[p] of A^T
     inv = np.empty_like(tsrc)
     inv[tsrc] = np.arange(tsrc.shape[0], dtype=np.int64)
-    for side in ("column", "row"):
-        if side == "column":
-            P, I, shp = ptr, idx, (m, n)
-        else:
-            P, I, shp = tptr, tidx, (n, m)
-        deg = np.diff(P)
+    count = best[2] + best[3]
+    for P in (pattern, T):
+        deg = np.diff(P.indptr)
         if deg.shape[0] == 0:
             continue
         rank = np.argsort(-deg, kind="stable")
@@ -166,64 +150,60 @@ def _split_candidates(ptr, idx, shape, order, seed, best, max_tries=12):
             if tries >= max_tries:
                 break
             rest = int(dsorted[k]) if k < dsorted.shape[0] else 0
-            dense = np.zeros(shp[0], dtype=np.bool_)
+            dense = np.zeros(P.shape[0], dtype=np.bool_)
             dense[rank[:k]] = True
             if k:
-                hi = np.bincount(I[np.repeat(dense, deg)], minlength=shp[1])
+                hi = np.bincount(P.indices[np.repeat(dense, deg)], minlength=P.shape[1])
                 lb = rest + int(hi.max())
-                if int(hi.max()) >= best[2]:
+                if int(hi.max()) >= count:
                     break
             else:
                 lb = rest
-            if lb >= best[2]:
+            if lb >= count:
                 continue
             tries += 1
-            res = _split(P, I, shp, order, seed, dense)
-            if res[2] >= best[2]:
+            res = _split(P, order, seed, dense)
+            if res[2] + res[3] >= count:
                 continue
-            if side == "row":
-                rc_t, cc_t, kk, gather_t, nr, nc = _transposed(res, shape)
-                # A^T's rows are A's columns: its row colors are A's column colors
-                plan = DecompressionPlan("direct", ((nr, m), (nc, n)), len(idx), gather=gather_t[inv])
-                acolors = np.concatenate([np.where(rc_t >= 0, rc_t, kk), np.where(cc_t >= 0, nr + cc_t, kk)])
-                res = (cc_t, rc_t, kk, plan, acolors)
+            if P is T:
+                # JVPs of A^T are VJPs of A and vice versa; A^T's rows are A's columns
+                rc_t, cc_t, nr_t, nc_t, by_col_t, acol_t = res
+                kk = nr_t + nc_t
+                acolors = np.concatenate([np.where(rc_t >= 0, rc_t, kk), np.where(cc_t >= 0, nr_t + cc_t, kk)])
+                res = (cc_t, rc_t, nc_t, nr_t, ~by_col_t[inv], acolors)
             best = res
+            count = res[2] + res[3]
     return best
 
 
-def color_bidirectional(ptr, idx, shape, order, seed=0, postprocess=False, perm=None) -> Coloring:
+def color_bidirectional(pattern, order, seed=0, postprocess=False, perm=None) -> BiColoring:
     """Star bicoloring, or a split bicoloring when it needs fewer AD passes (see the module
     docstring).  The order is computed on the bipartite graph in two layouts (columns first,
     rows first - they differ in tie-breaking, decisive e.g. for ``natural``); the coloring with
     fewer AD passes is kept (columns-first on ties).  An explicit ``perm`` (iterated greedy)
     colors the augmented graph in that order only."""
-    m, n = shape
+    m, n = pattern.shape
     nv = n + m
     if nv == 0:
         z = np.zeros(0, dtype=np.int64)
-        plan = DecompressionPlan("direct", ((0, m), (0, n)), 0, gather=z)
-        return Coloring("bidirectional", order, shape, (z.copy(), z.copy()), 0, ptr, idx, plan,
-                        meta={"augmented_colors": z.copy()})
-    aptr, aidx, apos = augmented(ptr, idx, shape)
-    atpos = transpose_positions(aptr, aidx)
-    rows = csr_rows(ptr)
+        return BiColoring(pattern, order, z, z, 0, 0, np.zeros(0, dtype=bool), z)
+    aug = augmented(pattern)
     explicit = perm is not None
     if explicit:
         perms = (perm,)  # explicit vertex order of the augmented graph (columns, then rows)
     else:
+        aptr, aidx = aug[0], aug[1]
         perm1 = vertex_order(order, nv, False, aptr, aidx, seed=seed)
         # rows-first layout: the augmented graph of A^T; map its vertex ids back
-        tptr, tidx, _ = transpose_csr(ptr, idx, shape)
-        bptr, bidx, _ = augmented(tptr, tidx, (n, m))
+        bptr, bidx = augmented(pattern.T)[:2]
         perm2 = vertex_order(order, nv, False, bptr, bidx, seed=seed)
         perms = (perm1, np.where(perm2 < m, perm2 + n, perm2 - m).astype(np.int64))
     best = None
     for perm in perms:
-        res = _bicolor(perm, ptr, idx, shape, aptr, aidx, apos, atpos, rows, postprocess)
-        if best is None or res[2] < best[2]:
+        res = _bicolor(perm, pattern, aug, postprocess)
+        if best is None or res[2] + res[3] < best[2] + best[3]:
             best = res
     if not explicit:
-        best = _split_candidates(ptr, idx, shape, order, seed, best)
-    rc, cc, k, plan, acolors = best
-    return Coloring("bidirectional", order, shape, (rc, cc), k, ptr, idx, plan,
-                    meta={"augmented_colors": acolors})
+        best = _split_candidates(pattern, order, seed, best)
+    rc, cc, nrc, ncc, by_col, acolors = best
+    return BiColoring(pattern, order, rc, cc, nrc, ncc, by_col, acolors)

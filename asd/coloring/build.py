@@ -1,15 +1,14 @@
-"""Build a :class:`Coloring` (with its plan) from colors computed elsewhere - a published
-coloring, another tool's output - so that :func:`asd.coloring.check` can verify it and asd
-can decompress with it."""
+"""Build a coloring result from colors computed elsewhere - a published coloring, another
+tool's output - so that :func:`asd.coloring.check` can verify it and asd can decompress with it."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from asd.coloring.check import _pair_counts
-from asd.coloring.graphs import canonical_csr, csr_rows, symmetrize
-from asd.coloring.result import Coloring, DecompressionPlan
+from asd.coloring.result import AcyclicColoring, BiColoring, Coloring, ColumnColoring, RowColoring, StarColoring
 from asd.errors import ColoringError
+from asd.patterns import as_pattern
 
 __all__ = ["from_colors"]
 
@@ -26,38 +25,30 @@ def from_colors(pattern, problem, colors) -> Coloring:
     """Coloring of ``pattern`` for ``problem`` with the given colors (any integer labels;
     renumbered to ``0..k-1`` in increasing label order, negative = neutral).  Raises
     ColoringError when the colors do not admit a decompression plan."""
-    ptr, idx, shape = canonical_csr(pattern)
-    m, n = shape
-    if problem in ("star", "acyclic"):
-        if m != n:
-            raise ColoringError(f"problem={problem!r} needs a square pattern, got {shape}")
-        ptr, idx = symmetrize(ptr, idx, shape)
-    rows = csr_rows(ptr)
-    if problem in ("column", "row"):
-        from asd.coloring.greedy import partial_plan
+    from asd.coloring import symmetric_pattern
 
+    P = as_pattern(pattern)
+    if problem in ("star", "acyclic"):
+        P = symmetric_pattern(P)
+    rows, idx = P.rows, P.indices
+    if problem in ("column", "row"):
         c, k = _contig(colors)
-        plan = partial_plan(problem, c, k, ptr, idx, shape)
-        return Coloring(problem, "given", shape, c, k, ptr, idx, plan)
+        return (ColumnColoring if problem == "column" else RowColoring)(P, "given", c, k)
     if problem == "star":
         c, k = _contig(colors)
         cj = c[idx]
-        ok_i = (cj >= 0) & (_pair_counts(rows, cj) == 1)
-        gather = np.where(ok_i, cj * n + rows, c[rows] * n + idx).astype(np.int64)
-        plan = DecompressionPlan("direct", (k, n), len(idx), gather=gather)
-        return Coloring("star", "given", shape, c, k, ptr, idx, plan)
+        return StarColoring(P, "given", c, k, (cj >= 0) & (_pair_counts(rows, cj) == 1))
     if problem == "acyclic":
-        from asd.coloring.acyclic import substitution_plan
-
         c, k = _contig(colors)
-        plan = substitution_plan(ptr, idx, c, k)
-        return Coloring("acyclic", "given", shape, c, k, ptr, idx, plan)
+        res = AcyclicColoring(P, "given", c, k)
+        res.plan  # noqa: B018  (builds the substitution plan: raises if the colors are not acyclic)
+        return res
     if problem == "bidirectional":
         rc, nr = _contig(colors[0])
         cc, ncc = _contig(colors[1])
         ccj = cc[idx]
         by_col = (ccj >= 0) & (_pair_counts(rows, ccj) == 1)
-        gather = np.where(by_col, ccj * m + rows, ncc * m + rc[rows] * n + idx).astype(np.int64)
-        plan = DecompressionPlan("direct", ((ncc, m), (nr, n)), len(idx), gather=gather)
-        return Coloring("bidirectional", "given", shape, (rc, cc), ncc + nr, ptr, idx, plan)
+        k = nr + ncc
+        acolors = np.concatenate([np.where(cc >= 0, cc, k), np.where(rc >= 0, ncc + rc, k)])
+        return BiColoring(P, "given", rc, cc, nr, ncc, by_col, acolors)
     raise ColoringError(f"unknown coloring problem {problem!r}")

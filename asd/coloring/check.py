@@ -95,22 +95,25 @@ def check(pattern, result, *, rounds: int = 2, seed: int = 0) -> bool:
     Then the plan must reproduce ``rounds`` random integer-valued matrices exactly.
     Returns ``True``.
     """
-    from asd.coloring.graphs import canonical_csr, csr_rows, symmetrize, transpose_positions
+    from asd.coloring import symmetric_pattern
+    from asd.coloring.result import AcyclicColoring, BiColoring, ColumnColoring, RowColoring, StarColoring
+    from asd.patterns import as_pattern
 
     problem = result.problem
-    ptr, idx, shape = canonical_csr(pattern)
-    if tuple(shape) != tuple(result.shape):
-        _fail(f"pattern shape {shape} != coloring shape {result.shape}")
-    if problem in ("star", "acyclic"):
-        ptr, idx = symmetrize(ptr, idx, shape)
-    if not (np.array_equal(ptr, result.indptr) and np.array_equal(idx, result.indices)):
+    P = as_pattern(pattern)
+    if P.shape != tuple(result.shape):
+        _fail(f"pattern shape {P.shape} != coloring shape {result.shape}")
+    symmetric = isinstance(result, (StarColoring, AcyclicColoring))
+    if symmetric:
+        P = symmetric_pattern(P)
+    if not P.equals(result.pattern):
         _fail("the coloring's CSR pattern is not the (canonical) pattern given")
-    m, n = shape
-    rows = csr_rows(ptr)
-    cols = idx
+    m, n = P.shape
+    rows, cols, idx = P.rows, P.indices, P.indices
+    tpos = P.transpose_with_positions[1] if symmetric else None
     nc = result.ncolors
 
-    if problem in ("column", "row"):
+    if isinstance(result, (ColumnColoring, RowColoring)):
         colors = np.asarray(result.colors)
         nv = n if problem == "column" else m
         _check_colors(colors, nv, nc, problem, allow_neutral=True)
@@ -120,16 +123,15 @@ def check(pattern, result, *, rounds: int = 2, seed: int = 0) -> bool:
             _fail(f"a {problem} with stored entries is neutral (color -1)")
         if (_pair_counts(other, colors[vert]) > 1).any():
             _fail(f"two {problem}s of the same color share a {'row' if problem == 'column' else 'column'}")
-    elif problem in ("star", "acyclic"):
+    elif symmetric:
         colors = np.asarray(result.colors)
         _check_colors(colors, n, nc, problem, allow_neutral=(problem == "star"))
         off = rows != cols
         ci, cj = colors[rows], colors[cols]
         if (ci[off] == cj[off]).any() and ((ci[off] == cj[off]) & (ci[off] >= 0)).any():
             _fail("two adjacent vertices share a color (not a distance-1 coloring)")
-        if problem == "star":
+        if isinstance(result, StarColoring):
             cnt = _pair_counts(rows, cj)
-            tpos = transpose_positions(ptr, idx)
             ok_i = (cj >= 0) & (cnt == 1)
             ok = ok_i | ok_i[tpos]
             if not ok.all():
@@ -141,7 +143,7 @@ def check(pattern, result, *, rounds: int = 2, seed: int = 0) -> bool:
             up = rows < cols
             if not _forest(rows[up], cols[up], ci[up], cj[up]):
                 _fail("a two-colored cycle exists (some two-colored subgraph is not a forest)")
-    elif problem == "bidirectional":
+    elif isinstance(result, BiColoring):
         rc, cc = result.colors
         rc, cc = np.asarray(rc), np.asarray(cc)
         nr, ncc = result.nrow_colors, result.ncol_colors
@@ -163,8 +165,7 @@ def check(pattern, result, *, rounds: int = 2, seed: int = 0) -> bool:
     rng = np.random.default_rng(seed)
     for _ in range(rounds):
         vals = rng.integers(1, 1000, size=idx.size).astype(np.float64)
-        if problem in ("star", "acyclic"):
-            tpos = transpose_positions(ptr, idx)
+        if symmetric:
             vals = vals + vals[tpos]
         B = result.compress(vals)
         got = result.decompress(B)

@@ -1,134 +1,26 @@
 """Graph structures on integer index arrays (no numba at import, no torch).
 
-* :func:`canonical_csr` - any scipy-convertible pattern to a sorted, duplicate-free CSR structure
-  (explicit stored zeros count as structural entries).
-* :func:`transpose_csr` - CSC view (columns -> rows) of a CSR structure.
-* :func:`symmetrize` - structure of ``A + A^T`` (diagonal kept where the input has it).
-* :func:`transpose_positions` - for a structurally symmetric CSR, the position of ``(j, i)``
-  for the entry ``(i, j)``.
-* :func:`augmented` - adjacency structure of the bipartite graph ``[[0, A^T], [A, 0]]``.
+Canonical CSR structure, transposes and mirror positions live on
+:class:`asd.patterns.SparsityPattern` (built once per pattern); this module adds
+
+* :func:`augmented` - adjacency structure of the bipartite graph ``[[0, A^T], [A, 0]]``;
+* :func:`heavy_vertices` - the per-color table slots of the star/acyclic kernels;
+* :func:`to_igraph` - the colored graph of a coloring result.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from asd.errors import ColoringError
-
-__all__ = [
-    "canonical_csr",
-    "transpose_csr",
-    "symmetrize",
-    "transpose_positions",
-    "augmented",
-    "csr_rows",
-    "to_igraph",
-]
+__all__ = ["augmented", "csr_rows", "heavy_vertices", "to_igraph"]
 
 _I = np.int64
-
-
-def _canon(A):
-    """Canonical int64 (indptr, indices) of a scipy CSR structure (values ignored)."""
-    import scipy.sparse as sp
-
-    A = sp.csr_array((np.ones(A.indices.shape[0], dtype=np.int8), A.indices, A.indptr), shape=A.shape)
-    if not A.has_canonical_format:
-        A.sum_duplicates()  # sorts indices, merges duplicates (structure kept even if values cancel)
-    return A.indptr.astype(_I, copy=True), A.indices.astype(_I, copy=True)
-
-
-def _from_coo(rows, cols, shape):
-    """Sorted, duplicate-free CSR structure from coordinate lists."""
-    import scipy.sparse as sp
-
-    m, n = int(shape[0]), int(shape[1])
-    rows = np.asarray(rows, dtype=_I)
-    cols = np.asarray(cols, dtype=_I)
-    A = sp.coo_array((np.ones(rows.shape[0], dtype=np.int8), (rows, cols)), shape=(m, n)).tocsr()
-    return _canon(A)
-
-
-def canonical_csr(pattern):
-    """Return ``(indptr, indices, shape)`` of a pattern, canonical (sorted, no duplicates)."""
-    import scipy.sparse as sp
-
-    if sp.issparse(pattern):
-        if pattern.ndim != 2:
-            raise ColoringError(f"pattern must be 2-D, got a {pattern.ndim}-D sparse array")
-        A = pattern if pattern.format == "csr" else sp.csr_array(pattern)
-        ptr, idx = _canon(A)
-        return ptr, idx, (int(A.shape[0]), int(A.shape[1]))
-    try:
-        arr = np.asarray(pattern)
-    except Exception as exc:  # pragma: no cover - exotic inputs
-        raise ColoringError(
-            f"cannot interpret {type(pattern).__name__} as a sparsity pattern; pass a "
-            "scipy.sparse array/matrix or a dense numpy bool array"
-        ) from exc
-    if arr.ndim != 2:
-        raise ColoringError(
-            f"pattern must be 2-D (a matrix), got shape {arr.shape}; reshape it or pass "
-            "the Jacobian/Hessian pattern as an (m, n) matrix"
-        )
-    if arr.dtype == object:
-        raise ColoringError("pattern has dtype object; pass a bool or numeric array")
-    rows, cols = np.nonzero(arr)
-    ptr, idx = _from_coo(rows, cols, arr.shape)
-    return ptr, idx, (int(arr.shape[0]), int(arr.shape[1]))
 
 
 def csr_rows(indptr):
     """Row index of every stored entry."""
     m = len(indptr) - 1
     return np.repeat(np.arange(m, dtype=_I), np.diff(indptr))
-
-
-def transpose_csr(indptr, indices, shape):
-    """CSR structure of the transpose (i.e. the CSC structure of the input) and, for every
-    transposed entry, the position of its source entry."""
-    m, n = shape
-    if len(indices) == 0:
-        return np.zeros(n + 1, dtype=_I), np.zeros(0, dtype=_I), np.zeros(0, dtype=_I)
-    from asd.coloring._graph_kernels import transpose
-
-    return transpose(indptr, indices, n)
-
-
-def symmetrize_with_tpos(indptr, indices, shape):
-    """Structure of ``A + A^T`` (square ``shape``) and its mirror positions ``tpos``."""
-    tptr, tidx, perm = transpose_csr(indptr, indices, shape)
-    if np.array_equal(tptr, indptr) and np.array_equal(tidx, indices):
-        # already symmetric: the transposed entry q = position of (j, i) comes from p = perm[q]
-        tpos = np.empty_like(perm)
-        tpos[perm] = np.arange(perm.shape[0], dtype=_I)
-        return indptr, indices, tpos
-    from asd.coloring._graph_kernels import union
-
-    sptr, sidx = union(indptr, indices, tptr, tidx)
-    return sptr, sidx, transpose_positions(sptr, sidx)
-
-
-def symmetrize(indptr, indices, shape):
-    """Structure of ``A + A^T``; ``shape`` must be square."""
-    sptr, sidx, _ = symmetrize_with_tpos(indptr, indices, shape)
-    return sptr, sidx
-
-
-def is_structurally_symmetric(indptr, indices, shape) -> bool:
-    if shape[0] != shape[1]:
-        return False
-    tptr, tidx, _ = transpose_csr(indptr, indices, shape)
-    return bool(np.array_equal(tptr, indptr) and np.array_equal(tidx, indices))
-
-
-def transpose_positions(indptr, indices):
-    """For a structurally symmetric canonical CSR, ``tpos[p]`` = position of the mirror entry."""
-    n = len(indptr) - 1
-    _, _, perm = transpose_csr(indptr, indices, (n, n))
-    tpos = np.empty_like(perm)
-    tpos[perm] = np.arange(perm.shape[0], dtype=_I)
-    return tpos
 
 
 #: degree above which star/acyclic kernels keep per-color tables for a vertex
@@ -161,19 +53,26 @@ def heavy_vertices(indptr, threshold: int | None = None):
     return heavy, k, (width if k else 1)
 
 
-def augmented(indptr, indices, shape):
-    """Adjacency CSR of the bipartite graph: vertices ``0..n-1`` are columns, ``n..n+m-1`` rows.
+def augmented(pattern):
+    """Adjacency CSR of the bipartite graph of ``pattern``: vertices ``0..n-1`` are columns,
+    ``n..n+m-1`` rows.
 
-    Returns ``(aptr, aidx, apos)`` where ``apos[q]`` is the CSR position (in the original
-    pattern) of the entry that the augmented entry ``q`` stands for.
+    Returns ``(aptr, aidx, apos, atpos)`` where ``apos[q]`` is the CSR position (in the original
+    pattern) of the entry that the augmented entry ``q`` stands for and ``atpos[q]`` the position
+    of the mirrored augmented entry.
     """
-    m, n = shape
-    tptr, tidx, torder = transpose_csr(indptr, indices, shape)
+    m, n = pattern.shape
+    T, torder = pattern.transpose_with_positions
+    nnz = pattern.nnz
     # column vertex j: neighbours n + rows of column j; row vertex n+i: neighbours cols of row i
-    aptr = np.concatenate([tptr, tptr[-1] + indptr[1:]]).astype(_I)
-    aidx = np.concatenate([tidx + n, indices]).astype(_I)
-    apos = np.concatenate([torder, np.arange(len(indices), dtype=_I)]).astype(_I)
-    return aptr, aidx, apos
+    aptr = np.concatenate([T.indptr, T.indptr[-1] + pattern.indptr[1:]]).astype(_I)
+    aidx = np.concatenate([T.indices + n, pattern.indices]).astype(_I)
+    apos = np.concatenate([torder, np.arange(nnz, dtype=_I)]).astype(_I)
+    # the mirror of (column j -> row i) at q < nnz is (row i -> column j) at nnz + apos[q]
+    back = np.empty(nnz, dtype=_I)
+    back[torder] = np.arange(nnz, dtype=_I)
+    atpos = np.concatenate([nnz + torder, back]).astype(_I)
+    return aptr, aidx, apos, atpos
 
 
 def _require_igraph():
@@ -194,17 +93,19 @@ def to_igraph(coloring):
     igraph = _require_igraph()
     import scipy.sparse as sp
 
+    from asd.coloring.result import BiColoring, ColumnColoring, RowColoring
+
     m, n = coloring.shape
     ptr, idx = coloring.indptr, coloring.indices
     A = sp.csr_array((np.ones(len(idx), dtype=np.int8), idx, ptr), shape=(m, n))
-    if coloring.problem in ("column", "row"):
-        G = (A.T @ A) if coloring.problem == "column" else (A @ A.T)
+    if isinstance(coloring, (ColumnColoring, RowColoring)):
+        G = (A.T @ A) if isinstance(coloring, ColumnColoring) else (A @ A.T)
         G = sp.triu(sp.coo_array(G), k=1)
         edges = np.stack([G.row, G.col], axis=1) if hasattr(G, "row") else np.stack(G.coords, axis=1)
         nv = G.shape[0]
         g = igraph.Graph(n=nv, edges=edges.tolist())
         g.vs["color"] = np.asarray(coloring.colors).tolist()
-    elif coloring.problem in ("star", "acyclic"):
+    elif not isinstance(coloring, BiColoring):  # star / acyclic
         rows = csr_rows(ptr)
         keep = rows < idx
         g = igraph.Graph(n=n, edges=np.stack([rows[keep], idx[keep]], axis=1).tolist())

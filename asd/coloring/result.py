@@ -1,168 +1,149 @@
-"""Immutable coloring results and their decompression plans.
+"""Immutable coloring results, one class per problem.
 
-Compressed-product layout (batch first), as produced by the torch evaluation:
+Each result holds the pattern it colors (a :class:`~asd.patterns.SparsityPattern`; for the
+symmetric problems the structure of ``A + A^T``), the vertex order used, and its typed colors.
+:attr:`Coloring.plan` builds the decompression plan once (the plans live in
+:mod:`asd.decompression.plans`, one function per result class), and :meth:`Coloring.seeds`
+gives the seed rows of the compressed products, batch first:
 
-* ``column``: ``B`` of shape ``(ncolors, m)``, ``B[c] = J @ s_c`` (one JVP per color)
-* ``row``: ``B`` of shape ``(ncolors, n)``, ``B[c] = s_c^T J`` (one VJP per color)
-* ``star`` / ``acyclic``: ``B`` of shape ``(ncolors, n)``, ``B[c] = H @ s_c``
-* ``bidirectional``: ``Bc`` of shape ``(ncol, m)`` from JVPs and ``Br`` of shape ``(nrow, n)``
-  from VJPs; the flat buffer is ``concat([Bc.ravel(), Br.ravel()])``.
+* :class:`ColumnColoring`: ``B[c] = J @ s_c`` (one JVP per color), ``B`` of shape ``(ncolors, m)``
+* :class:`RowColoring`: ``B[c] = s_c^T J`` (one VJP per color), shape ``(ncolors, n)``
+* :class:`StarColoring` / :class:`AcyclicColoring`: ``B[c] = H @ s_c``, shape ``(ncolors, n)``
+* :class:`BiColoring`: ``Bc`` of shape ``(ncol_colors, m)`` from JVPs and ``Br`` of shape
+  ``(nrow_colors, n)`` from VJPs; the flat buffer is ``concat([Bc.ravel(), Br.ravel()])``.
 
-Decompressed values are always returned in the order of the canonical CSR pattern
-``(Coloring.indptr, Coloring.indices)``.
+Decompressed values are always in the CSR order of ``pattern``. This module imports neither
+torch nor numba.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from functools import cached_property
+from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["Coloring", "DecompressionPlan"]
+from asd.errors import DecompressionError
+from asd.patterns import SparsityPattern
+
+__all__ = ["Coloring", "ColumnColoring", "RowColoring", "StarColoring", "AcyclicColoring", "BiColoring",
+           "ColumnSeeds", "RowSeeds"]
 
 
-@dataclass(frozen=True, eq=False)
-class DecompressionPlan:
-    """Where every stored entry of the pattern comes from in the compressed product.
+def _ro(a) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=np.int64) if np.asarray(a).dtype != np.bool_ else np.ascontiguousarray(a)
+    if a.flags.writeable:
+        a = a.copy()
+        a.setflags(write=False)
+    return a
 
-    ``kind == "direct"``: ``values = B.reshape(-1)[gather]``.
 
-    ``kind == "substitution"`` (acyclic colorings): the entries are solved in *steps*,
-    sorted by *level*; every step of a level depends only on steps of earlier levels::
+def _seed_rows(colors: np.ndarray, k: int, dtype) -> np.ndarray:
+    s = np.zeros((k, colors.shape[0]), dtype=dtype)
+    on = np.nonzero(colors >= 0)[0]
+    s[colors[on], on] = 1
+    return s
 
-        for each level l, steps k in level_ptr[l]:level_ptr[l+1]:
-            v_k = B.flat[step_src[k]] - sum(values[dep_pos[d]] for d in dep_ptr[k]:dep_ptr[k+1])
-            values[step_pos[k]] = values[step_pos_t[k]] = v_k
 
-    ``dep_step[d]`` is the (global) step that dependency ``d`` belongs to (``dep_ptr``
-    expanded), convenient for ``index_add``-style vectorised kernels.  ``step_pos_t`` is the
-    CSR position of the transposed entry (equal to ``step_pos`` on the diagonal), so the
-    symmetric result fills both triangles.  All arrays are ``int64``.
-    """
+@dataclass(frozen=True)
+class ColumnSeeds:
+    """Seed rows ``S`` (``(k, n)``) whose products are ``J @ S[c]`` (JVPs, or HVPs ``H @ S[c]``)."""
 
-    kind: str
-    compressed_shape: Any
-    nnz: int
-    gather: np.ndarray | None = None
-    step_pos: np.ndarray | None = None
-    step_pos_t: np.ndarray | None = None
-    step_src: np.ndarray | None = None
-    dep_ptr: np.ndarray | None = None
-    dep_pos: np.ndarray | None = None
-    dep_step: np.ndarray | None = None
-    level_ptr: np.ndarray | None = None
+    matrix: object
 
-    @property
-    def nlevels(self) -> int:
-        """Number of sequential substitution levels (0 for direct plans)."""
-        return 0 if self.level_ptr is None else len(self.level_ptr) - 1
 
-    @property
-    def compressed_size(self) -> int:
-        """Number of elements of the flat, batch-first compressed buffer the plan reads."""
-        shp = self.compressed_shape
-        if shp and isinstance(shp[0], tuple):
-            return int(sum(int(np.prod(s)) for s in shp))
-        return int(np.prod(shp))
+@dataclass(frozen=True)
+class RowSeeds:
+    """Seed rows ``S`` (``(k, m)``) whose products are ``S[c]^T J`` (VJPs)."""
 
-    def decompress(self, compressed) -> np.ndarray:
-        """Numpy (and Numba for substitution) reference decompression."""
-        flat = np.ascontiguousarray(np.asarray(compressed)).reshape(-1)
-        if flat.size != self.compressed_size:
-            from asd.errors import DecompressionError
+    matrix: object
 
-            raise DecompressionError(
-                f"compressed buffer has {flat.size} elements, the plan expects "
-                f"{self.compressed_size} (layout {self.compressed_shape}, batch first)"
-            )
-        if self.kind == "direct":
-            return flat[self.gather]
-        from asd.coloring._substitution_kernels import substitute_numba
 
-        if not np.issubdtype(flat.dtype, np.floating):
-            flat = flat.astype(np.float64)
-        return substitute_numba(
-            flat, self.step_pos, self.step_pos_t, self.step_src, self.dep_ptr, self.dep_pos, self.nnz
-        )
+def _convert(a: np.ndarray, dtype, device):
+    """Numpy seeds as they are, or as a torch tensor when a torch dtype or a device is asked for."""
+    if device is None and (dtype is None or isinstance(dtype, (type, np.dtype))):
+        return a if dtype is None else a.astype(dtype)
+    import torch  # only when the caller asks for torch tensors
+
+    return torch.as_tensor(a).to(device=device, dtype=dtype or torch.float64)
 
 
 @dataclass(frozen=True, eq=False)
 class Coloring:
-    """A verified-by-construction coloring together with its decompression plan.
+    """Base of the coloring results (see the module docstring).
 
-    ``colors``: int64, 0-based, contiguous ``0..ncolors-1``; ``-1`` marks a *neutral* vertex
-    (not seeded) - only possible for ``bidirectional`` and for ``postprocess=True``.
-    For ``bidirectional`` it is the pair ``(row_colors, col_colors)`` and ``ncolors`` is the
-    number of AD passes (row colors + column colors).
+    Attributes
+    ----------
+    pattern : SparsityPattern
+        The colored pattern (symmetrized for star and acyclic colorings).
+    order : str
+        The vertex order that produced the colors (``"given"`` for :func:`asd.coloring.build.from_colors`).
+    ncolors : int
+        Number of compressed products (AD passes), in every result class.
     """
 
-    problem: str
+    pattern: SparsityPattern
     order: str
-    shape: tuple
-    colors: Any
-    ncolors: int
-    indptr: np.ndarray
-    indices: np.ndarray
-    plan: DecompressionPlan
-    meta: dict = field(default_factory=dict, repr=False)
 
-    # -- convenience -------------------------------------------------------------------
+    problem: ClassVar[str] = ""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.pattern.shape
+
+    @property
+    def indptr(self) -> np.ndarray:
+        return self.pattern.indptr
+
+    @property
+    def indices(self) -> np.ndarray:
+        return self.pattern.indices
+
     @property
     def nnz(self) -> int:
         """Number of stored entries of the pattern the plan fills."""
-        return int(self.indices.shape[0])
-
-    @property
-    def nrow_colors(self) -> int:
-        """Row colors (VJPs) of a bidirectional coloring."""
-        if self.problem != "bidirectional":
-            raise AttributeError("nrow_colors is only defined for bidirectional colorings")
-        return int(self.plan.compressed_shape[1][0])
-
-    @property
-    def ncol_colors(self) -> int:
-        """Column colors (JVPs) of a bidirectional coloring."""
-        if self.problem != "bidirectional":
-            raise AttributeError("ncol_colors is only defined for bidirectional colorings")
-        return int(self.plan.compressed_shape[0][0])
+        return self.pattern.nnz
 
     def rows(self) -> np.ndarray:
         """Row index of every stored entry (CSR order)."""
-        return np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(self.indptr))
+        return self.pattern.rows
 
-    @staticmethod
-    def _seed(colors: np.ndarray, k: int) -> np.ndarray:
-        s = np.zeros((colors.shape[0], k), dtype=np.float64)
-        on = colors >= 0
-        s[np.nonzero(on)[0], colors[on]] = 1.0
-        return s
+    @cached_property
+    def plan(self):
+        """The decompression plan (:class:`~asd.decompression.plans.DirectPlan` or
+        :class:`~asd.decompression.plans.SubstitutionPlan`), built once."""
+        from asd.decompression.plans import build_plan
 
-    def seeds(self):
-        """0/1 seed matrices (float64): ``(n, ncolors)`` for column/star/acyclic,
-        ``(m, ncolors)`` for row, ``(row_seeds (m, nr), col_seeds (n, nc))`` for bidirectional."""
-        if self.problem == "bidirectional":
-            rc, cc = self.colors
-            return self._seed(rc, self.nrow_colors), self._seed(cc, self.ncol_colors)
-        return self._seed(self.colors, self.ncolors)
+        return build_plan(self)
+
+    def seed_blocks(self, dtype=None, device=None) -> tuple:
+        """The seeds as typed blocks (:class:`ColumnSeeds` / :class:`RowSeeds`), in the order of
+        the flat compressed buffer."""
+        raise NotImplementedError
+
+    def seeds(self, dtype=None, device=None):
+        """0/1 seed rows, batch first: ``(ncolors, n)`` for column, star and acyclic colorings,
+        ``(ncolors, m)`` for row colorings, ``(row_seeds, col_seeds)`` for bicolorings.
+
+        Numpy (float64 unless ``dtype`` says otherwise); a torch tensor when a torch ``dtype`` or
+        a ``device`` is given.
+        """
+        return self.seed_blocks(dtype, device)[0].matrix
 
     def compress(self, values) -> np.ndarray:
-        """The compressed product of a matrix with this pattern and ``values`` (CSR order),
-        in the batch-first layout (numpy; for tests and references).  For bidirectional
-        the flat ``concat([Bc.ravel(), Br.ravel()])`` buffer is returned."""
+        """The flat compressed product of the matrix with this pattern and ``values`` (CSR order):
+        a numpy reference for tests."""
         A = self.to_scipy(values)
-        if self.problem == "bidirectional":
-            rs, cs = self.seeds()
-            Bc = np.asarray((A @ cs).T)
-            Br = np.asarray((A.T @ rs).T)
-            return np.concatenate([Bc.ravel(), Br.ravel()])
-        S = self.seeds()
-        if self.problem == "row":
-            return np.ascontiguousarray(np.asarray((A.T @ S).T))
-        return np.ascontiguousarray(np.asarray((A @ S).T))
+        parts = []
+        for block in self.seed_blocks():
+            S = block.matrix
+            B = (A @ S.T).T if isinstance(block, ColumnSeeds) else (A.T @ S.T).T
+            parts.append(np.asarray(B).reshape(-1))
+        return np.concatenate(parts) if parts else np.zeros(0)
 
     def decompress(self, compressed) -> np.ndarray:
-        """Values of the stored entries in CSR order from the compressed product."""
+        """Values of the stored entries in CSR order from the compressed product (numpy)."""
         return self.plan.decompress(compressed)
 
     def to_scipy(self, values):
@@ -171,16 +152,118 @@ class Coloring:
 
         values = np.asarray(values)
         if values.shape != (self.nnz,):
-            from asd.errors import DecompressionError
-
             raise DecompressionError(f"expected {self.nnz} values in CSR order, got shape {values.shape}")
         return sp.csr_array((values, self.indices.copy(), self.indptr.copy()), shape=self.shape)
 
     def graph(self):
         """The graph this coloring colors, as an ``igraph.Graph`` with a ``color`` vertex
-        attribute: the column-intersection graph (column), row-intersection graph (row),
-        adjacency graph (star/acyclic) or bipartite graph (bidirectional; columns first,
-        then rows, vertex attribute ``kind``)."""
+        attribute (needs the optional igraph)."""
         from asd.coloring.graphs import to_igraph
 
         return to_igraph(self)
+
+
+@dataclass(frozen=True, eq=False)
+class _OneSided(Coloring):
+    colors: np.ndarray
+    ncolors: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "colors", _ro(self.colors))
+        object.__setattr__(self, "ncolors", int(self.ncolors))
+
+
+@dataclass(frozen=True, eq=False)
+class ColumnColoring(_OneSided):
+    """Partial distance-2 coloring of the columns: one JVP per color."""
+
+    problem: ClassVar[str] = "column"
+
+    def seed_blocks(self, dtype=None, device=None) -> tuple:
+        return (ColumnSeeds(_convert(_seed_rows(self.colors, self.ncolors, np.float64), dtype, device)),)
+
+
+@dataclass(frozen=True, eq=False)
+class RowColoring(_OneSided):
+    """Partial distance-2 coloring of the rows: one VJP per color."""
+
+    problem: ClassVar[str] = "row"
+
+    def seed_blocks(self, dtype=None, device=None) -> tuple:
+        return (RowSeeds(_convert(_seed_rows(self.colors, self.ncolors, np.float64), dtype, device)),)
+
+
+@dataclass(frozen=True, eq=False)
+class _Symmetric(_OneSided):
+    def seed_blocks(self, dtype=None, device=None) -> tuple:
+        return (ColumnSeeds(_convert(_seed_rows(self.colors, self.ncolors, np.float64), dtype, device)),)
+
+
+@dataclass(frozen=True, eq=False)
+class StarColoring(_Symmetric):
+    """Symmetric star coloring: every entry read directly from one Hessian-vector product.
+
+    ``from_column[p]`` says where the stored entry ``p = (i, j)`` is read: ``True`` from the
+    product of ``j``'s color at row ``i``, ``False`` from the product of ``i``'s color at row ``j``.
+    Vertices with color ``-1`` (``postprocess=True``) are not seeded.
+    """
+
+    from_column: np.ndarray = None
+
+    problem: ClassVar[str] = "star"
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "from_column", _ro(np.asarray(self.from_column, dtype=np.bool_)))
+
+
+@dataclass(frozen=True, eq=False)
+class AcyclicColoring(_Symmetric):
+    """Symmetric acyclic coloring: entries recovered by substitution along two-colored trees."""
+
+    problem: ClassVar[str] = "acyclic"
+
+
+@dataclass(frozen=True, eq=False)
+class BiColoring(Coloring):
+    """Bidirectional coloring: column colors seed JVPs, row colors seed VJPs (``-1``: neutral).
+
+    ``from_column[p]`` is ``True`` when the stored entry ``p = (i, j)`` is read from the JVP of
+    ``j``'s column color (at row ``i``), ``False`` when from the VJP of ``i``'s row color (at
+    column ``j``). ``augmented_colors`` are the colors of the bipartite graph (columns, then rows)
+    that produced the bicoloring (used to recolor in ``order="best"``).
+    """
+
+    row_colors: np.ndarray
+    col_colors: np.ndarray
+    nrow_colors: int
+    ncol_colors: int
+    from_column: np.ndarray
+    augmented_colors: np.ndarray
+
+    problem: ClassVar[str] = "bidirectional"
+
+    def __post_init__(self):
+        for name in ("row_colors", "col_colors", "augmented_colors"):
+            object.__setattr__(self, name, _ro(getattr(self, name)))
+        object.__setattr__(self, "from_column", _ro(np.asarray(self.from_column, dtype=np.bool_)))
+        object.__setattr__(self, "nrow_colors", int(self.nrow_colors))
+        object.__setattr__(self, "ncol_colors", int(self.ncol_colors))
+
+    @property
+    def colors(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(row_colors, col_colors)``."""
+        return self.row_colors, self.col_colors
+
+    @property
+    def ncolors(self) -> int:
+        return self.nrow_colors + self.ncol_colors
+
+    def seed_blocks(self, dtype=None, device=None) -> tuple:
+        return (ColumnSeeds(_convert(_seed_rows(self.col_colors, self.ncol_colors, np.float64), dtype, device)),
+                RowSeeds(_convert(_seed_rows(self.row_colors, self.nrow_colors, np.float64), dtype, device)))
+
+    def seeds(self, dtype=None, device=None):
+        """``(row_seeds (nrow_colors, m), col_seeds (ncol_colors, n))``, batch first."""
+        cs, rs = self.seed_blocks(dtype, device)
+        return rs.matrix, cs.matrix

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from asd.coloring.graphs import csr_rows, heavy_vertices, transpose_positions
+from asd.coloring.graphs import csr_rows, heavy_vertices
 from asd.coloring.orders import vertex_order
-from asd.coloring.result import Coloring, DecompressionPlan
+from asd.coloring.result import StarColoring
 
 __all__ = ["color_star", "star_endpoints", "renumber"]
 
@@ -31,13 +31,14 @@ def renumber(colors, keep):
     return out.astype(np.int64), int(keep.sum())
 
 
-def color_star(ptr, idx, shape, order, seed=0, postprocess=False, tpos=None, perm=None) -> Coloring:
-    n = shape[0]
-    if tpos is None:
-        tpos = transpose_positions(ptr, idx)
+def color_star(pattern, order, seed=0, postprocess=False, perm=None) -> StarColoring:
+    """Star coloring of the symmetric ``pattern`` (both triangles stored)."""
+    n = pattern.shape[0]
+    ptr, idx = pattern.indptr, pattern.indices
+    tpos = pattern.transpose_with_positions[1]
     if perm is None:
         perm = vertex_order(order, n, False, ptr, idx, seed=seed)
-    rows = csr_rows(ptr)
+    rows = pattern.rows
     if n == 0:
         colors, ncolors, star, hub = np.zeros(0, np.int64), 0, np.zeros(0, np.int64), np.zeros(0, np.int64)
     else:
@@ -54,17 +55,9 @@ def color_star(ptr, idx, shape, order, seed=0, postprocess=False, tpos=None, per
             su, sw = star_endpoints(ptr, idx, star, hub.shape[0])
             hub = choose_hubs(su, sw, hub, colors, needed)
             colors, ncolors = renumber(colors, needed[:ncolors])
-    plan = star_plan(ptr, idx, rows, colors, ncolors, star, hub, n)
-    return Coloring("star", order, shape, colors, ncolors, ptr, idx, plan,
-                    meta={"star": star, "hub": hub})
-
-
-def star_plan(ptr, idx, rows, colors, ncolors, star, hub, n):
+    # read (i, j) at row i of j's color when the star's hub is j (or undetermined), else at row j
     i, j = rows, idx
     h = np.where(i == j, j, -1)
     off = i != j
     h[off] = hub[star[off]]
-    # read (i, j) at i from the hub's color when the hub is j (or undetermined), else at j
-    at_i = (h == j) | (h < 0)
-    gather = np.where(at_i, colors[j] * n + i, colors[i] * n + j).astype(np.int64)
-    return DecompressionPlan(kind="direct", compressed_shape=(ncolors, n), nnz=len(idx), gather=gather)
+    return StarColoring(pattern, order, colors, ncolors, (h == j) | (h < 0))

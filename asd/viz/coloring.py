@@ -24,9 +24,9 @@ def plot_coloring_graph(pattern, coloring, ax=None, *, layout: str = "auto", lab
     """
     import matplotlib.pyplot as plt
 
-    from asd.coloring.graphs import canonical_csr
+    from asd.patterns import as_pattern
 
-    shape = canonical_csr(pattern)[2]
+    shape = as_pattern(pattern).shape
     if tuple(shape) != tuple(coloring.shape):
         raise ValueError(f"pattern shape {shape} does not match the coloring's shape {coloring.shape}")
     g = coloring.graph()  # raises ImportError naming `pip install asd[graph]` without igraph

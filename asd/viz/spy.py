@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from ..patterns import as_pattern
 from .palette import color_of
 
 
@@ -45,7 +46,7 @@ def spy_coloring(pattern, coloring=None, ax=None, *, markersize: float | None = 
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 6))
-    P = sp.csr_array(pattern)
+    P = as_pattern(pattern).to_scipy()
     m, n = P.shape
     if coloring is not None:
         indptr, indices = np.asarray(coloring.indptr), np.asarray(coloring.indices)

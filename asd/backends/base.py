@@ -1,0 +1,188 @@
+"""The backend protocol and the machinery every torch backend shares.
+
+A backend evaluates the compressed products of a coloring::
+
+    state = backend.init(g, x, coloring, batch_size=..., compile=...)
+    compressed = backend.compute(state, x)         # flat, batch-first (the plan's layout)
+    values = backend.values(state, x, decompressor)  # CSR values of the stored entries
+
+``g`` is the user's function on flat vectors (see :func:`flatten_function` and
+:func:`scalar_function`), ``x`` a flat input. Backends are immutable option holders; everything
+that depends on the function, the input's dtype/device and the coloring lives in the state.
+A new backend is one file with one :class:`Backend` subclass.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..errors import InputError
+from .sparse_constants import SparseConstantMode
+
+
+def flatten_function(f: Callable, shape: torch.Size) -> Callable:
+    """``f`` as a function of a flat vector returning a flat vector."""
+
+    def g(v: torch.Tensor) -> torch.Tensor:
+        y = f(v.reshape(shape))
+        if not isinstance(y, torch.Tensor):
+            raise InputError(f"the function returned {type(y).__name__}; it must return a tensor")
+        return y.reshape(-1)
+
+    return g
+
+
+def scalar_function(f: Callable, shape: torch.Size) -> Callable:
+    """``f`` as a function of a flat vector returning a 0-d tensor."""
+
+    def g(v: torch.Tensor) -> torch.Tensor:
+        y = f(v.reshape(shape))
+        if not isinstance(y, torch.Tensor) or y.numel() != 1:
+            raise InputError("a Hessian needs a function returning a tensor with exactly one element")
+        return y.reshape(())
+
+    return g
+
+
+def _is_sparse_failure(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "sparse" in text or "do not have strides" in text
+
+
+class BatchedProducts:
+    """Runs ``fn(x, seeds) -> products`` for chunks of seed rows, optionally compiled.
+
+    The function is compiled with ``torch.compile`` when asked (eager fallback with a warning
+    when compilation fails). Functions that apply constant torch sparse matrices are detected on
+    the first evaluation and then always run under :class:`SparseConstantMode`.
+
+    Parameters
+    ----------
+    fn
+        ``fn(x, seeds)`` with ``seeds`` of shape ``(k, len)``, returning a tensor with ``k`` rows
+        (or, with ``chunked=False``, anything).
+    seeds
+        All seed rows.
+    batch_size
+        Seed rows per call; ``None`` evaluates all of them at once.
+    compile
+        Run ``fn`` through ``torch.compile``.
+    """
+
+    def __init__(self, fn: Callable, seeds: torch.Tensor, *, batch_size: int | None = None,
+                 compile: bool = False):
+        self.seeds = seeds
+        self.batch_size = batch_size
+        self._eager = fn
+        self._compiled = torch.compile(fn, dynamic=False) if compile else None
+        self.compile_failed: str | None = None
+        self.sparse_constants: bool | None = None
+
+    @property
+    def nseeds(self) -> int:
+        return int(self.seeds.shape[0])
+
+    def _call(self, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
+        if self.sparse_constants:
+            with SparseConstantMode():
+                return fn(x, seeds)
+        try:
+            out = fn(x, seeds)
+        except Exception as exc:  # noqa: BLE001 - only sparse-layout failures are retried
+            if self.sparse_constants is None and _is_sparse_failure(exc):
+                self.sparse_constants = True
+                try:
+                    with SparseConstantMode():
+                        return fn(x, seeds)
+                except Exception as exc2:  # noqa: BLE001
+                    if _is_sparse_failure(exc2):
+                        raise InputError(
+                            "the function uses a torch sparse tensor in a way torch.func cannot "
+                            f"differentiate ({str(exc2).splitlines()[0][:120]}). Constant sparse "
+                            "matrices are supported in products A @ u (CSR/COO) when they are built "
+                            "outside the function (e.g. captured in a closure), not inside it.") from exc2
+                    raise
+            raise
+        self.sparse_constants = False
+        return out
+
+    def run(self, x: torch.Tensor, seeds: torch.Tensor):
+        """``fn(x, seeds)`` for one chunk, compiled when possible."""
+        if self._compiled is not None:
+            try:
+                return self._call(self._compiled, x, seeds)
+            except InputError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any compiler failure falls back to eager
+                self.compile_failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                self._compiled = None
+                warnings.warn(f"asd: torch.compile failed ({self.compile_failed}); evaluating eagerly",
+                              RuntimeWarning, stacklevel=3)
+        return self._call(self._eager, x, seeds)
+
+    def chunks(self):
+        """The seed rows in chunks of ``batch_size``."""
+        k = self.nseeds
+        step = k if self.batch_size is None else self.batch_size
+        return [self.seeds[i:i + step] for i in range(0, k, max(step, 1))]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Products for every seed row, stacked along dim 0 (flattened)."""
+        if self.nseeds == 0:
+            return x.new_zeros((0,))
+        parts = [self.run(x, s).reshape(-1) for s in self.chunks()]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+@dataclass(frozen=True, eq=False)
+class ProductState:
+    """The state of a single-direction backend: the function and its batched products."""
+
+    g: Callable
+    products: BatchedProducts
+
+
+class Backend(ABC):
+    """The protocol: ``init`` once per prepared operator, ``compute`` on every call."""
+
+    @abstractmethod
+    def init(self, g: Callable, x: torch.Tensor, coloring, *, batch_size: int | None = None,
+             compile: bool = False):
+        """Everything the evaluation needs that does not depend on ``x``'s values."""
+
+    @abstractmethod
+    def compute(self, state, x: torch.Tensor) -> torch.Tensor:
+        """The flat compressed product at the flat input ``x`` (the plan's batch-first layout)."""
+
+    def values(self, state, x: torch.Tensor, decompressor) -> torch.Tensor:
+        """The values of the stored entries (CSR order) at ``x``."""
+        return decompressor.values(self.compute(state, x))
+
+
+class SingleDirection(Backend):
+    """A backend whose products use one seed block of one type (``seed_type``)."""
+
+    seed_type: type = object
+
+    @abstractmethod
+    def batched(self, g: Callable) -> Callable:
+        """``fn(x, seeds) -> products`` (one row per seed) for the flat function ``g``."""
+
+    def seed_rows(self, coloring, x: torch.Tensor) -> torch.Tensor:
+        blocks = [b for b in coloring.seed_blocks(x.dtype, x.device) if isinstance(b, self.seed_type)]
+        if len(blocks) != 1 or len(coloring.seed_blocks()) != 1:
+            raise InputError(f"{type(self).__name__} evaluates {self.seed_type.__name__} of a one-sided "
+                             f"coloring, not a {type(coloring).__name__}")
+        return blocks[0].matrix
+
+    def init(self, g, x, coloring, *, batch_size=None, compile=False) -> ProductState:
+        return ProductState(g, BatchedProducts(self.batched(g), self.seed_rows(coloring, x),
+                                               batch_size=batch_size, compile=compile))
+
+    def compute(self, state: ProductState, x: torch.Tensor) -> torch.Tensor:
+        return state.products(x)

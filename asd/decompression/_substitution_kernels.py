@@ -1,0 +1,231 @@
+"""Numba kernels of substitution decompression (private; imported lazily): building the
+level-sorted plan of an acyclic coloring, and solving it on the CPU."""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _substitute(flat, step_pos, step_pos_t, step_src, dep_ptr, dep_pos, out):
+    for k in range(step_pos.shape[0]):
+        v = flat[step_src[k]]
+        for d in range(dep_ptr[k], dep_ptr[k + 1]):
+            v -= out[dep_pos[d]]
+        out[step_pos[k]] = v
+        out[step_pos_t[k]] = v
+    return out
+
+
+def substitute_numba(flat, plan):
+    """Values in CSR order from the flat compressed buffer and a :class:`SubstitutionPlan`."""
+    flat = np.ascontiguousarray(flat)
+    out = np.zeros(plan.nnz, dtype=flat.dtype)
+    return _substitute(flat, plan.step_pos, plan.step_pos_t, plan.step_src, plan.dep_ptr, plan.dep_pos, out)
+
+
+@njit(cache=True)
+def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
+    """Peel the leaves of every two-colored forest.
+
+    ``perm``: the off-diagonal CSR positions sorted by (color pair, row); ``gstart``: the start
+    of each color pair's segment in ``perm`` (length ngroups + 1).  Returns the steps
+    (pos, pos_t, src, level) in creation order, their dependencies (CSR-like) and ``ok``
+    (False if some two-colored subgraph has a cycle).
+    """
+    nnz = idx.shape[0]
+    # diagonal steps first
+    ndiag = 0
+    for p in range(nnz):
+        if rows[p] == idx[p]:
+            ndiag += 1
+    nedge = (nnz - ndiag) // 2
+    nsteps = ndiag + nedge
+    step_pos = np.empty(nsteps, dtype=np.int64)
+    step_pos_t = np.empty(nsteps, dtype=np.int64)
+    step_src = np.empty(nsteps, dtype=np.int64)
+    step_lvl = np.zeros(nsteps, dtype=np.int64)
+    dep_ptr = np.zeros(nsteps + 1, dtype=np.int64)
+    dep_pos = np.empty(max(nnz - ndiag - nedge, 1) * 1, dtype=np.int64)
+    ndep_cap = dep_pos.shape[0]
+    ndep = 0
+    lvl_pos = np.full(nnz, -1, dtype=np.int64)
+    k = 0
+    for p in range(nnz):
+        if rows[p] == idx[p]:
+            i = rows[p]
+            step_pos[k] = p
+            step_pos_t[k] = p
+            step_src[k] = color[i] * n + i
+            dep_ptr[k + 1] = ndep
+            k += 1
+    # per-vertex scratch for the current group
+    # per-vertex scratch packed in one row (one cache line): deg, nbrsum, possum, seg_a, seg_b
+    vd = np.zeros((n, 5), dtype=np.int64)
+    queue = np.empty(n, dtype=np.int64)
+    ok = True
+    ngroups = gstart.shape[0] - 1
+    for g in range(ngroups):
+        a = gstart[g]
+        b = gstart[g + 1]
+        # vertex segments (perm is sorted by row inside the group)
+        t = a
+        while t < b:
+            i = rows[perm[t]]
+            u = t
+            while u < b and rows[perm[u]] == i:
+                u += 1
+            vd[i, 3] = t
+            vd[i, 4] = u
+            vd[i, 0] = u - t
+            s1 = 0
+            s2 = 0
+            for z in range(t, u):
+                s1 += idx[perm[z]]
+                s2 += perm[z]
+            vd[i, 1] = s1
+            vd[i, 2] = s2
+            t = u
+        # leaves
+        qh = 0
+        qt = 0
+        t = a
+        while t < b:
+            i = rows[perm[t]]
+            if vd[i, 0] == 1:
+                queue[qt] = i
+                qt += 1
+            t = vd[i, 4]
+        while qh < qt:
+            i = queue[qh]
+            qh += 1
+            if vd[i, 0] != 1:
+                continue
+            j = vd[i, 1]
+            p = vd[i, 2]
+            # H[i, j] = B[c(j)][i] - sum of H[i, x] over i's other edges of this group (solved)
+            step_pos[k] = p
+            step_pos_t[k] = tpos[p]
+            step_src[k] = color[j] * n + i
+            lv = 0
+            for z in range(vd[i, 3], vd[i, 4]):
+                d = perm[z]
+                if d != p:
+                    if ndep >= ndep_cap:
+                        newcap = ndep_cap * 2 + 16
+                        tmp = np.empty(newcap, dtype=np.int64)
+                        tmp[:ndep] = dep_pos[:ndep]
+                        dep_pos = tmp
+                        ndep_cap = newcap
+                    dep_pos[ndep] = d
+                    ndep += 1
+                    if lvl_pos[d] + 1 > lv:
+                        lv = lvl_pos[d] + 1
+            step_lvl[k] = lv
+            lvl_pos[p] = lv
+            lvl_pos[tpos[p]] = lv
+            dep_ptr[k + 1] = ndep
+            k += 1
+            vd[i, 0] = 0
+            vd[j, 0] -= 1
+            vd[j, 1] -= i
+            vd[j, 2] -= tpos[p]
+            if vd[j, 0] == 1:
+                queue[qt] = j
+                qt += 1
+        # anything left means a cycle
+        t = a
+        while t < b:
+            i = rows[perm[t]]
+            if vd[i, 0] != 0:
+                ok = False
+                vd[i, 0] = 0
+            t = vd[i, 4]
+    if k != nsteps:
+        ok = False
+    return step_pos[:k], step_pos_t[:k], step_src[:k], step_lvl[:k], dep_ptr[: k + 1], dep_pos[:ndep].copy(), ok
+
+
+@njit(cache=True)
+def group_by_pair(rows, idx, color, k):
+    """Off-diagonal positions stably counting-sorted by color pair (so (row, col) order is
+    kept inside a pair); returns (perm, gstart) over the non-empty pairs."""
+    nnz = idx.shape[0]
+    cnt = np.zeros(k * k + 1, dtype=np.int64)
+    noff = 0
+    for p in range(nnz):
+        i = rows[p]
+        j = idx[p]
+        if i != j:
+            a = color[i]
+            b = color[j]
+            key = a * k + b if a < b else b * k + a
+            cnt[key + 1] += 1
+            noff += 1
+    for t in range(k * k):
+        cnt[t + 1] += cnt[t]
+    ng = 0
+    for t in range(k * k):
+        if cnt[t + 1] > cnt[t]:
+            ng += 1
+    gstart = np.empty(ng + 1, dtype=np.int64)
+    g = 0
+    for t in range(k * k):
+        if cnt[t + 1] > cnt[t]:
+            gstart[g] = cnt[t]
+            g += 1
+    gstart[ng] = noff
+    nxt = cnt[:-1].copy()
+    perm = np.empty(noff, dtype=np.int64)
+    for p in range(nnz):
+        i = rows[p]
+        j = idx[p]
+        if i != j:
+            a = color[i]
+            b = color[j]
+            key = a * k + b if a < b else b * k + a
+            perm[nxt[key]] = p
+            nxt[key] += 1
+    return perm, gstart
+
+
+@njit(cache=True)
+def sort_steps_by_level(step_pos, step_pos_t, step_src, step_lvl, dep_ptr, dep_pos):
+    ns = step_pos.shape[0]
+    nlev = 0
+    for s in range(ns):
+        if step_lvl[s] + 1 > nlev:
+            nlev = step_lvl[s] + 1
+    level_ptr = np.zeros(nlev + 1, dtype=np.int64)
+    for s in range(ns):
+        level_ptr[step_lvl[s] + 1] += 1
+    for l in range(nlev):
+        level_ptr[l + 1] += level_ptr[l]
+    nxt = level_ptr[:-1].copy()
+    where = np.empty(ns, dtype=np.int64)
+    for s in range(ns):
+        l = step_lvl[s]
+        where[s] = nxt[l]
+        nxt[l] += 1
+    o_pos = np.empty(ns, dtype=np.int64)
+    o_pos_t = np.empty(ns, dtype=np.int64)
+    o_src = np.empty(ns, dtype=np.int64)
+    o_ptr = np.zeros(ns + 1, dtype=np.int64)
+    for s in range(ns):
+        w = where[s]
+        o_pos[w] = step_pos[s]
+        o_pos_t[w] = step_pos_t[s]
+        o_src[w] = step_src[s]
+        o_ptr[w + 1] = dep_ptr[s + 1] - dep_ptr[s]
+    for w in range(ns):
+        o_ptr[w + 1] += o_ptr[w]
+    nd = dep_pos.shape[0]
+    o_dep = np.empty(nd, dtype=np.int64)
+    o_step = np.empty(nd, dtype=np.int64)
+    for s in range(ns):
+        w = where[s]
+        q = o_ptr[w]
+        for d in range(dep_ptr[s], dep_ptr[s + 1]):
+            o_dep[q] = dep_pos[d]
+            o_step[q] = w
+            q += 1
+    return o_pos, o_pos_t, o_src, o_ptr, o_dep, o_step, level_ptr

@@ -1,0 +1,173 @@
+"""Decompression on torch tensors, on any device.
+
+:class:`Decompressor` turns the flat compressed product into the values of the stored entries
+(CSR order) and into a ``torch.sparse_csr`` tensor:
+
+* :class:`~asd.decompression.plans.DirectPlan`: one ``index_select`` (keeps autograd).
+* :class:`~asd.decompression.plans.SubstitutionPlan`: on a CPU tensor that needs no gradient,
+  the Numba kernel; otherwise level by level (one gather from ``B``, one ``index_add`` of the
+  already solved dependencies and two scatters per level; differentiable, any device).
+
+The plan's index tensors are prepared once per (plan, device) in one cache, :func:`prepared`;
+plans are immutable, so an entry can never go stale (it dies with its plan).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from functools import singledispatch
+
+import numpy as np
+import torch
+
+from ..errors import DecompressionError
+from .plans import DirectPlan, SubstitutionPlan
+
+__all__ = ["Decompressor", "substitute", "prepared", "clear_prepared"]
+
+
+def _t(a, device) -> torch.Tensor:
+    return torch.from_numpy(np.array(a, dtype=np.int64)).to(device)
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedGather:
+    """A direct plan's gather index on one device."""
+
+    index: torch.Tensor
+    size: int
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedSubstitution:
+    """A substitution plan's index tensors on one device, split by level."""
+
+    plan: SubstitutionPlan
+    levels: tuple
+    size: int
+    nnz: int
+
+
+@singledispatch
+def _prepare(plan, device):
+    raise TypeError(f"no device decompression for {type(plan).__name__}")
+
+
+@_prepare.register
+def _(plan: DirectPlan, device) -> PreparedGather:
+    return PreparedGather(_t(plan.gather, device), plan.compressed_size)
+
+
+@_prepare.register
+def _(plan: SubstitutionPlan, device) -> PreparedSubstitution:
+    lp = [int(v) for v in plan.level_ptr]
+    dp = plan.dep_ptr
+    pos, pos_t, src = _t(plan.step_pos, device), _t(plan.step_pos_t, device), _t(plan.step_src, device)
+    dep_pos, dep_step = _t(plan.dep_pos, device), _t(plan.dep_step, device)
+    levels = []
+    for lvl in range(len(lp) - 1):
+        a, b = lp[lvl], lp[lvl + 1]
+        da, db = int(dp[a]), int(dp[b])
+        deps = (dep_pos[da:db], dep_step[da:db] - a) if db > da else None
+        levels.append((pos[a:b], pos_t[a:b], src[a:b], deps))
+    return PreparedSubstitution(plan, tuple(levels), plan.compressed_size, plan.nnz)
+
+
+_PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def prepared(plan, device):
+    """The plan's index tensors on ``device``: built once per (plan, device), kept while the plan lives."""
+    key = str(torch.device(device))
+    with _LOCK:
+        per_plan = _PREPARED.setdefault(plan, {})
+        prep = per_plan.get(key)
+    if prep is None:
+        prep = _prepare(plan, torch.device(device))
+        with _LOCK:
+            prep = per_plan.setdefault(key, prep)
+    return prep
+
+
+def clear_prepared() -> None:
+    """Drop every prepared plan (they are rebuilt on the next use)."""
+    with _LOCK:
+        _PREPARED.clear()
+
+
+def _levelwise(prep: PreparedSubstitution, flat: torch.Tensor) -> torch.Tensor:
+    out = flat.new_zeros(prep.nnz)
+    for pos, pos_t, src, deps in prep.levels:
+        v = flat.index_select(0, src)
+        if deps is not None:
+            dep_pos, dep_local = deps
+            v = v.index_add(0, dep_local, out.index_select(0, dep_pos), alpha=-1)
+        out = out.index_copy(0, pos, v).index_copy(0, pos_t, v)
+    return out
+
+
+def _check_size(flat: torch.Tensor, size: int) -> None:
+    if flat.numel() != size:
+        raise DecompressionError(f"compressed buffer has {flat.numel()} elements, the plan expects {size} "
+                                 "(batch-first layout)")
+
+
+def substitute(plan: SubstitutionPlan, compressed, *, fast: bool | None = None) -> torch.Tensor:
+    """Values (CSR order, ``compressed``'s dtype and device) of a substitution plan.
+
+    ``fast``: use the Numba CPU kernel (``None``: on the CPU when no gradient is required).
+    """
+    if not isinstance(compressed, torch.Tensor):
+        compressed = torch.as_tensor(compressed)
+    flat = compressed.reshape(-1)
+    _check_size(flat, plan.compressed_size)
+    if not flat.is_floating_point():
+        flat = flat.to(torch.get_default_dtype())
+    if fast is None:
+        fast = flat.device.type == "cpu" and not (flat.requires_grad and torch.is_grad_enabled())
+    if fast and flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64):
+        from ._substitution_kernels import substitute_numba
+
+        return torch.from_numpy(substitute_numba(flat.detach().contiguous().numpy(), plan))
+    return _levelwise(prepared(plan, flat.device), flat)
+
+
+class Decompressor:
+    """A coloring's decompression plan and CSR structure as index tensors on one device.
+
+    Parameters
+    ----------
+    coloring
+        An :class:`asd.coloring.Coloring` (its ``plan`` and ``pattern`` are used).
+    device
+        Where the compressed products will live.
+    """
+
+    def __init__(self, coloring, device: torch.device | str):
+        self.device = torch.device(device)
+        self.shape = tuple(coloring.shape)
+        self.plan = coloring.plan
+        self.size = int(self.plan.compressed_size)
+        self.crow = _t(coloring.indptr, self.device)
+        self.col = _t(coloring.indices, self.device)
+        prep = prepared(self.plan, self.device)
+        self.index = prep.index if isinstance(prep, PreparedGather) else None
+
+    def values(self, compressed: torch.Tensor) -> torch.Tensor:
+        """Values of the stored entries, in CSR order, from the flat compressed buffer."""
+        flat = compressed.reshape(-1)
+        _check_size(flat, self.size)
+        if self.index is not None:
+            return flat.index_select(0, self.index)
+        return substitute(self.plan, flat).to(compressed.dtype)
+
+    def csr(self, values: torch.Tensor) -> torch.Tensor:
+        """A ``torch.sparse_csr`` tensor with this pattern and ``values``."""
+        return torch.sparse_csr_tensor(self.crow, self.col, values, size=self.shape,
+                                       dtype=values.dtype, device=values.device, check_invariants=False)
+
+    def __call__(self, compressed: torch.Tensor) -> torch.Tensor:
+        return self.csr(self.values(compressed))

@@ -1,0 +1,189 @@
+"""Decompression plans: where every stored entry comes from in the compressed product.
+
+One plan function per coloring result class (:func:`build_plan` dispatches on the class):
+
+* :class:`DirectPlan` (column, row, star and bicolorings): ``values = B.reshape(-1)[gather]``.
+* :class:`SubstitutionPlan` (acyclic colorings): entries solved in *steps*, sorted by *level*;
+  every step of a level depends only on steps of earlier levels::
+
+      for each level l, steps k in level_ptr[l]:level_ptr[l+1]:
+          v_k = B.flat[step_src[k]] - sum(values[dep_pos[d]] for d in dep_ptr[k]:dep_ptr[k+1])
+          values[step_pos[k]] = values[step_pos_t[k]] = v_k
+
+  ``dep_step[d]`` is the (global) step dependency ``d`` belongs to; ``step_pos_t`` is the CSR
+  position of the mirrored entry (equal to ``step_pos`` on the diagonal).
+
+Plans are frozen and their arrays read-only. This module imports neither torch nor numba
+(the Numba kernels load on first use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import singledispatch
+
+import numpy as np
+
+from asd.coloring.result import AcyclicColoring, BiColoring, ColumnColoring, RowColoring, StarColoring
+from asd.errors import ColoringError, DecompressionError
+
+__all__ = ["DirectPlan", "SubstitutionPlan", "build_plan"]
+
+_I = np.int64
+
+
+def _ro(a) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=_I)
+    if a.flags.writeable:
+        a = a.copy()
+        a.setflags(write=False)
+    return a
+
+
+class _Plan:
+    compressed_shape: tuple
+    nnz: int
+
+    @property
+    def compressed_size(self) -> int:
+        """Number of elements of the flat, batch-first compressed buffer the plan reads."""
+        shp = self.compressed_shape
+        if shp and isinstance(shp[0], tuple):
+            return int(sum(int(np.prod(s)) for s in shp))
+        return int(np.prod(shp))
+
+    def _flat(self, compressed) -> np.ndarray:
+        flat = np.ascontiguousarray(np.asarray(compressed)).reshape(-1)
+        if flat.size != self.compressed_size:
+            raise DecompressionError(
+                f"compressed buffer has {flat.size} elements, the plan expects "
+                f"{self.compressed_size} (layout {self.compressed_shape}, batch first)")
+        return flat
+
+
+@dataclass(frozen=True, eq=False)
+class DirectPlan(_Plan):
+    """``values = compressed.reshape(-1)[gather]``."""
+
+    compressed_shape: tuple
+    nnz: int
+    gather: np.ndarray
+
+    def __post_init__(self):
+        object.__setattr__(self, "gather", _ro(self.gather))
+
+    nlevels = 0
+
+    def decompress(self, compressed) -> np.ndarray:
+        """Numpy reference decompression."""
+        return self._flat(compressed)[self.gather]
+
+
+@dataclass(frozen=True, eq=False)
+class SubstitutionPlan(_Plan):
+    """Level-sorted substitution steps of an acyclic coloring (see the module docstring)."""
+
+    compressed_shape: tuple
+    nnz: int
+    step_pos: np.ndarray
+    step_pos_t: np.ndarray
+    step_src: np.ndarray
+    dep_ptr: np.ndarray
+    dep_pos: np.ndarray
+    dep_step: np.ndarray
+    level_ptr: np.ndarray
+
+    def __post_init__(self):
+        for name in ("step_pos", "step_pos_t", "step_src", "dep_ptr", "dep_pos", "dep_step", "level_ptr"):
+            object.__setattr__(self, name, _ro(getattr(self, name)))
+
+    @property
+    def nlevels(self) -> int:
+        """Number of sequential substitution levels."""
+        return len(self.level_ptr) - 1
+
+    def decompress(self, compressed) -> np.ndarray:
+        """Numpy/Numba reference decompression."""
+        flat = self._flat(compressed)
+        if not np.issubdtype(flat.dtype, np.floating):
+            flat = flat.astype(np.float64)
+        from asd.decompression._substitution_kernels import substitute_numba
+
+        return substitute_numba(flat, self)
+
+
+@singledispatch
+def build_plan(coloring):
+    """The decompression plan of a coloring result."""
+    raise TypeError(f"no decompression plan for {type(coloring).__name__}")
+
+
+@build_plan.register
+def _(coloring: ColumnColoring) -> DirectPlan:
+    m, _ = coloring.shape
+    gather = coloring.colors[coloring.indices] * m + coloring.rows()
+    return DirectPlan((coloring.ncolors, m), coloring.nnz, gather)
+
+
+@build_plan.register
+def _(coloring: RowColoring) -> DirectPlan:
+    _, n = coloring.shape
+    gather = coloring.colors[coloring.rows()] * n + coloring.indices
+    return DirectPlan((coloring.ncolors, n), coloring.nnz, gather)
+
+
+@build_plan.register
+def _(coloring: StarColoring) -> DirectPlan:
+    n = coloring.shape[0]
+    i, j, c = coloring.rows(), coloring.indices, coloring.colors
+    gather = np.where(coloring.from_column, c[j] * n + i, c[i] * n + j)
+    return DirectPlan((coloring.ncolors, n), coloring.nnz, gather)
+
+
+@build_plan.register
+def _(coloring: BiColoring) -> DirectPlan:
+    m, n = coloring.shape
+    i, j = coloring.rows(), coloring.indices
+    ncc = coloring.ncol_colors
+    gather = np.where(coloring.from_column, coloring.col_colors[j] * m + i,
+                      ncc * m + coloring.row_colors[i] * n + j)
+    return DirectPlan(((ncc, m), (coloring.nrow_colors, n)), coloring.nnz, gather)
+
+
+@build_plan.register
+def _(coloring: AcyclicColoring) -> SubstitutionPlan:
+    return substitution_plan(coloring.pattern, coloring.colors, coloring.ncolors)
+
+
+def substitution_plan(pattern, colors, ncolors) -> SubstitutionPlan:
+    """Substitution plan of an acyclic coloring of the symmetric ``pattern``.
+
+    Every two-colored forest is peeled leaf by leaf: the entry ``(i, j)`` for a leaf ``i`` with
+    remaining neighbour ``j`` is ``B[c(j)][i]`` minus ``i``'s already solved entries of the same
+    forest. Steps are sorted by level (1 + the deepest step they depend on), so a vectorised
+    kernel can solve one level at a time. Raises :class:`ColoringError` if the colors are not an
+    acyclic coloring.
+    """
+    ptr, idx = pattern.indptr, pattern.indices
+    n = pattern.shape[0]
+    nnz = pattern.nnz
+    rows = pattern.rows
+    colors = np.asarray(colors, dtype=_I)
+    if (colors < 0).any():
+        raise ColoringError("substitution needs a coloring without neutral vertices")
+    off = rows != idx
+    if (colors[rows[off]] == colors[idx[off]]).any():
+        raise ColoringError("substitution needs a distance-1 coloring (two adjacent vertices share a color)")
+    if n == 0:
+        z = np.zeros(0, dtype=_I)
+        return SubstitutionPlan((int(ncolors), n), nnz, z, z, z, np.zeros(1, _I), z, z, np.zeros(1, _I))
+    from asd.decompression._substitution_kernels import build_substitution, group_by_pair, sort_steps_by_level
+
+    _, tpos = pattern.transpose_with_positions  # symmetric: the mirror position of every entry
+    k = max(int(ncolors), 1)
+    perm, gstart = group_by_pair(rows, idx, colors, k)
+    sp_, spt, ssrc, slvl, dptr, dpos, ok = build_substitution(ptr, idx, tpos, rows, colors, perm, gstart, n)
+    if not ok:
+        raise ColoringError("the coloring has a two-colored cycle: it is not acyclic, substitution impossible")
+    pos, pos_t, src, dep_ptr, dep_pos, dep_step, level_ptr = sort_steps_by_level(sp_, spt, ssrc, slvl, dptr, dpos)
+    return SubstitutionPlan((int(ncolors), n), nnz, pos, pos_t, src, dep_ptr, dep_pos, dep_step, level_ptr)

@@ -1,0 +1,253 @@
+"""The sparsity pattern passed between the stages: a frozen boolean CSR structure.
+
+``SparsityPattern`` is what detection returns and what coloring, evaluation and decompression
+read. It holds the canonical CSR arrays (sorted column indices, no duplicates, int64, read-only)
+and the shapes of the function's input and output, so a Jacobian pattern knows which tensors it
+describes. The transpose is built once, on first use. ``to_scipy()`` gives the public
+``scipy.sparse.csr_array`` form; ``save``/``load`` use ``.npz`` files without pickle.
+
+This module imports neither torch nor numba.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .errors import InputError
+
+__all__ = ["SparsityPattern", "as_pattern"]
+
+_I = np.int64
+_FORMAT = "asd.SparsityPattern/1"
+
+
+def _frozen(a) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=_I)
+    if a.flags.writeable:  # never freeze (or alias) an array the caller may still write
+        a = a.copy()
+        a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class SparsityPattern:
+    """A boolean sparse matrix in canonical CSR form.
+
+    Parameters
+    ----------
+    shape
+        ``(m, n)``: rows are output elements, columns input elements (row-major flattening).
+    indptr, indices
+        Canonical CSR structure: ``indices[indptr[i]:indptr[i+1]]`` are the sorted, distinct
+        columns of row ``i``. Use :meth:`from_csr` or :func:`as_pattern` for arbitrary input.
+    input_shape, output_shape
+        Shapes of the tensors the pattern describes (``(n,)`` and ``(m,)`` when unknown).
+    """
+
+    shape: tuple[int, int]
+    indptr: np.ndarray
+    indices: np.ndarray
+    input_shape: tuple[int, ...] | None = None
+    output_shape: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        m, n = (int(s) for s in self.shape)
+        object.__setattr__(self, "shape", (m, n))
+        object.__setattr__(self, "indptr", _frozen(self.indptr))
+        object.__setattr__(self, "indices", _frozen(self.indices))
+        object.__setattr__(self, "input_shape", (n,) if self.input_shape is None else tuple(int(s) for s in self.input_shape))
+        object.__setattr__(self, "output_shape",
+                           (m,) if self.output_shape is None else tuple(int(s) for s in self.output_shape))
+        if self.indptr.shape != (m + 1,) or self.indptr[0] != 0 or self.indptr[-1] != self.indices.shape[0]:
+            raise InputError(f"indptr must have {m + 1} entries from 0 to nnz={self.indices.shape[0]}")
+        if int(np.prod(self.input_shape)) != n or int(np.prod(self.output_shape)) != m:
+            raise InputError(f"input_shape {self.input_shape} / output_shape {self.output_shape} do not match "
+                             f"the pattern's shape {(m, n)}")
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_csr(cls, indptr, indices, shape, *, input_shape=None, output_shape=None,
+                 canonical: bool = False) -> "SparsityPattern":
+        """A pattern from CSR arrays; sorted and deduplicated unless ``canonical=True``."""
+        m, n = (int(s) for s in shape)
+        indptr = np.asarray(indptr, dtype=_I)
+        indices = np.asarray(indices, dtype=_I)
+        if indptr.ndim != 1 or indices.ndim != 1 or indptr.shape[0] != m + 1:
+            raise InputError(f"a CSR pattern of shape {(m, n)} needs indptr of length {m + 1} and 1-D indices")
+        if indices.size and (indices.min() < 0 or indices.max() >= n):
+            raise InputError(f"pattern column indices must lie in [0, {n}), got range "
+                             f"[{int(indices.min())}, {int(indices.max())}]")
+        if np.any(np.diff(indptr) < 0) or indptr[0] != 0 or indptr[-1] != indices.shape[0]:
+            raise InputError("pattern indptr must be non-decreasing from 0 to len(indices)")
+        if not canonical:
+            indptr, indices = _canonicalize(indptr, indices, (m, n))
+        return cls((m, n), indptr, indices, input_shape, output_shape)
+
+    @classmethod
+    def from_coo(cls, rows, cols, shape, **shapes) -> "SparsityPattern":
+        """A pattern from coordinate lists (duplicates merged)."""
+        import scipy.sparse as sp
+
+        rows = np.asarray(rows, dtype=_I)
+        cols = np.asarray(cols, dtype=_I)
+        A = sp.coo_array((np.ones(rows.shape[0], dtype=np.int8), (rows, cols)), shape=tuple(shape)).tocsr()
+        return cls.from_csr(A.indptr, A.indices, shape, **shapes)
+
+    @classmethod
+    def empty(cls, shape, **shapes) -> "SparsityPattern":
+        return cls(shape, np.zeros(int(shape[0]) + 1, dtype=_I), np.zeros(0, dtype=_I), **shapes)
+
+    # -- basic properties -------------------------------------------------------------------
+    @property
+    def nnz(self) -> int:
+        """Number of structural nonzeros."""
+        return int(self.indices.shape[0])
+
+    @property
+    def density(self) -> float:
+        m, n = self.shape
+        return self.nnz / max(m * n, 1)
+
+    @cached_property
+    def rows(self) -> np.ndarray:
+        """Row index of every stored entry, in CSR order (read-only)."""
+        return _frozen(np.repeat(np.arange(self.shape[0], dtype=_I), np.diff(self.indptr)))
+
+    @cached_property
+    def transpose_with_positions(self) -> tuple["SparsityPattern", np.ndarray]:
+        """``(P^T, perm)``: the transposed pattern and, for each of its entries, the position of
+        the same entry in this pattern's CSR order. Built once."""
+        import scipy.sparse as sp
+
+        m, n = self.shape
+        # CSR -> CSC carrying each entry's position: linear time, rows sorted within columns
+        C = sp.csr_array((np.arange(self.nnz, dtype=_I), self.indices, self.indptr), shape=self.shape).tocsc()
+        T = SparsityPattern((n, m), C.indptr, C.indices, self.output_shape, self.input_shape)
+        order = C.data
+        return T, _frozen(order)
+
+    @property
+    def T(self) -> "SparsityPattern":
+        """The transposed pattern (built once)."""
+        return self.transpose_with_positions[0]
+
+    @cached_property
+    def is_symmetric(self) -> bool:
+        if self.shape[0] != self.shape[1]:
+            return False
+        T = self.T
+        return bool(np.array_equal(T.indptr, self.indptr) and np.array_equal(T.indices, self.indices))
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A content hash of the structure (shape and index arrays): equal patterns, equal hashes."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(np.asarray(self.shape, dtype=_I).tobytes())
+        h.update(self.indptr.tobytes())
+        h.update(self.indices.tobytes())
+        return h.hexdigest()
+
+    def equals(self, other: "SparsityPattern") -> bool:
+        """Same shape and the same structural nonzeros."""
+        return (isinstance(other, SparsityPattern) and self.shape == other.shape
+                and np.array_equal(self.indptr, other.indptr) and np.array_equal(self.indices, other.indices))
+
+    def contains(self, other: "SparsityPattern") -> bool:
+        """Whether every nonzero of ``other`` is a nonzero of this pattern (same shape)."""
+        if self.shape != other.shape:
+            return False
+        if other.nnz == 0:
+            return True
+        key = self.rows * self.shape[1] + self.indices
+        okey = other.rows * other.shape[1] + other.indices
+        pos = np.searchsorted(key, okey)
+        pos = np.minimum(pos, max(key.shape[0] - 1, 0))
+        return bool(key.shape[0] and np.array_equal(key[pos], okey))
+
+    # -- conversions --------------------------------------------------------------------
+    def to_scipy(self):
+        """The pattern as a boolean ``scipy.sparse.csr_array`` (fresh, writable arrays)."""
+        import scipy.sparse as sp
+
+        return sp.csr_array((np.ones(self.nnz, dtype=bool), self.indices.copy(), self.indptr.copy()),
+                            shape=self.shape)
+
+    def toarray(self) -> np.ndarray:
+        """Dense boolean matrix (for small patterns and tests)."""
+        out = np.zeros(self.shape, dtype=bool)
+        out[self.rows, self.indices] = True
+        return out
+
+    def with_shapes(self, input_shape=None, output_shape=None) -> "SparsityPattern":
+        """The same structure describing tensors of other (compatible) shapes."""
+        return SparsityPattern(self.shape, self.indptr, self.indices,
+                               self.input_shape if input_shape is None else input_shape,
+                               self.output_shape if output_shape is None else output_shape)
+
+    def save(self, path) -> None:
+        """Write the pattern to an ``.npz`` file (no pickle)."""
+        np.savez(path, format=np.array(_FORMAT), shape=np.asarray(self.shape, dtype=_I), indptr=self.indptr,
+                 indices=self.indices, input_shape=np.asarray(self.input_shape, dtype=_I),
+                 output_shape=np.asarray(self.output_shape, dtype=_I))
+
+    @classmethod
+    def load(cls, path) -> "SparsityPattern":
+        """Read a pattern written by :meth:`save` (validated, no pickle)."""
+        with np.load(os.fspath(path), allow_pickle=False) as z:
+            if "format" not in z or str(z["format"]) != _FORMAT:
+                raise InputError(f"{os.fspath(path)!r} is not an asd sparsity pattern file")
+            return cls.from_csr(z["indptr"], z["indices"], tuple(z["shape"]),
+                                input_shape=tuple(z["input_shape"]), output_shape=tuple(z["output_shape"]))
+
+    def __repr__(self) -> str:
+        return f"SparsityPattern(shape={self.shape}, nnz={self.nnz})"
+
+
+def _canonicalize(indptr, indices, shape):
+    import scipy.sparse as sp
+
+    A = sp.csr_array((np.ones(indices.shape[0], dtype=np.int8), indices, indptr), shape=shape)
+    if not A.has_canonical_format:
+        A.sum_duplicates()
+    return A.indptr.astype(_I), A.indices.astype(_I)
+
+
+def as_pattern(pattern, *, name: str = "pattern", input_shape=None, output_shape=None) -> SparsityPattern:
+    """Any pattern a user may pass, as a :class:`SparsityPattern`.
+
+    Accepts a ``SparsityPattern``, a scipy sparse matrix or array, or a dense 2-D numpy/bool
+    array (every nonzero is structural; for sparse inputs every stored entry is, explicit zeros
+    included). Anything else raises a ``TypeError``/``InputError`` naming ``name``.
+    """
+    import scipy.sparse as sp
+
+    if isinstance(pattern, SparsityPattern):
+        P = pattern
+    elif sp.issparse(pattern):
+        if pattern.ndim != 2:
+            raise InputError(f"{name} must be a 2-D matrix, got a {pattern.ndim}-D sparse array")
+        A = sp.csr_array(pattern)
+        P = SparsityPattern.from_csr(A.indptr, A.indices, A.shape)
+    else:
+        if type(pattern).__module__.startswith("torch"):
+            raise TypeError(f"{name} must be a scipy.sparse matrix, a dense numpy array or an "
+                            f"asd.SparsityPattern, got a torch {type(pattern).__name__}; convert a torch "
+                            "sparse tensor with asd.to_scipy(t)")
+        try:
+            arr = np.asarray(pattern)
+        except Exception as exc:  # noqa: BLE001
+            raise TypeError(f"{name} must be a scipy.sparse matrix or a dense 2-D array, got "
+                            f"{type(pattern).__name__}") from exc
+        if arr.ndim != 2 or arr.dtype == object:
+            raise InputError(f"{name} must be a 2-D matrix (scipy.sparse or a dense bool array), got "
+                             f"{'shape ' + str(arr.shape) if arr.dtype != object else 'dtype object'}")
+        rows, cols = np.nonzero(arr)
+        P = SparsityPattern.from_coo(rows, cols, arr.shape)
+    if input_shape is not None or output_shape is not None:
+        P = P.with_shapes(input_shape, output_shape)
+    return P

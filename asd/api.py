@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 
 from .detection.jacobian import check_input
 from .cache import CACHE, cache_key
+from .errors import CheckError, InputError, StalePatternWarning
 from .operators import SparseHessian, SparseJacobian
 
 
@@ -46,7 +48,8 @@ def sparse_jacobian(f: Callable, x: torch.Tensor, *, mode: str = "auto", **optio
     empties the cache.
     """
     options["mode"] = mode
-    return _cached("jacobian", SparseJacobian, f, x, options)(x)
+    op, values = _cached("jacobian", SparseJacobian, f, x, options)
+    return op.decompressor.csr(values)
 
 
 def prepare_hessian(f: Callable, x: torch.Tensor, **options) -> SparseHessian:
@@ -59,12 +62,42 @@ def prepare_hessian(f: Callable, x: torch.Tensor, **options) -> SparseHessian:
     return SparseHessian(f, x, **options)
 
 
-def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict):
+def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluate=None):
+    """The (cached) operator for ``f`` at ``x`` and its evaluation ``evaluate(op, x)`` (default: the
+    CSR values). A cache hit is validated by the cross-mode probe; when it fails, the operator is
+    prepared again with a :class:`asd.StalePatternWarning`."""
     check_input(x)
-    use_cache = options.pop("cache", True) and not options.get("local", False) and "pattern" not in options
-    if not use_cache:
-        return cls(f, x, **options)
-    return CACHE.get_or_create(cache_key(kind, f, x, options), lambda: cls(f, x, **options))
+    evaluate = evaluate or (lambda op, z: op.values(z))
+    cache = options.pop("cache", True)
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache must be True or False, got {cache!r}")
+    if not cache or options.get("local", False) or "pattern" in options:
+        op = cls(f, x, **options)
+        return op, evaluate(op, x)
+    key = cache_key(kind, f, x, options)
+    op, hit = CACHE.get_or_create(key, f, lambda: cls(f, x, **options))
+    if not hit:
+        return op, evaluate(op, x)
+    try:
+        result = evaluate(op, x)
+        values = result if isinstance(result, torch.Tensor) else result[-1].values()
+        report = op.check(x, values)
+        reason = None if report.ok else str(report)
+    except InputError as exc:  # e.g. the output changed size since the operator was prepared
+        reason = str(exc)
+    if reason is None:
+        return op, result
+    warnings.warn(f"asd: the cached {kind} operator of {getattr(f, '__qualname__', f)!r} no longer matches the "
+                  f"function ({reason}); preparing it again", StalePatternWarning, stacklevel=3)
+    fresh = cls(f, x, **options)
+    result = evaluate(fresh, x)
+    values = result if isinstance(result, torch.Tensor) else result[-1].values()
+    report = fresh.check(x, values)
+    if not report.ok:
+        raise CheckError(f"the freshly prepared {kind} disagrees with its cross-mode check ({report}); the two AD "
+                         "modes of PyTorch disagree on this function: try another mode= / hvp=")
+    CACHE.replace(key, f, fresh)
+    return fresh, result
 
 
 def sparse_hessian(f: Callable, x: torch.Tensor, **options) -> torch.Tensor:
@@ -81,7 +114,8 @@ def sparse_hessian(f: Callable, x: torch.Tensor, **options) -> torch.Tensor:
         ``order``, ``hvp``, ``batch_size``, ``compile``, ``local``, ``strict``, ``pattern`` (see
         :class:`asd.SparseHessian`) and ``cache`` (default ``True``, as for :func:`sparse_jacobian`).
     """
-    return _cached("hessian", SparseHessian, f, x, options)(x)
+    op, values = _cached("hessian", SparseHessian, f, x, options)
+    return op.decompressor.csr(values)
 
 
 def gradient_and_hessian(f: Callable, x: torch.Tensor, **options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -90,12 +124,18 @@ def gradient_and_hessian(f: Callable, x: torch.Tensor, **options) -> tuple[torch
     The combination Newton and interior-point solvers need; options and caching as for
     :func:`sparse_hessian`.
     """
-    return _cached("hessian", SparseHessian, f, x, options).value_grad_hessian(x)
+    return _cached("hessian", SparseHessian, f, x, options, lambda op, z: op.value_grad_hessian(z))[1]
 
 
 def clear_cache() -> None:
-    """Forget every cached prepared operator."""
+    """Forget every cached prepared operator and every cached structure (prepared decompression
+    plans, transposes of sparse constants)."""
+    from .backends.sparse_constants import clear_transposes
+    from .decompression.device import clear_prepared
+
     CACHE.clear()
+    clear_prepared()
+    clear_transposes()
 
 
 def to_scipy(t: torch.Tensor) -> sp.csr_array:

@@ -1,47 +1,227 @@
-"""The implicit cache of prepared operators used by :func:`asd.sparse_jacobian` and friends."""
+"""The implicit cache of prepared operators used by :func:`asd.sparse_jacobian` and friends.
+
+What the cache observes, and so what it trusts:
+
+* the function, weakly (a dead function's entries vanish) and by identity;
+* the input's shape, dtype, device and ``requires_grad``, the grad mode and the options;
+* a fingerprint of what the function reads (:func:`fingerprint`): its code, closure cells,
+  defaults, the globals it names, a bound method's object, and for ``nn.Module``s the training
+  flag and the identity, shape, dtype and version of parameters and buffers, the submodules and
+  their plain attributes. Small integer tensors and arrays (indices) are hashed by content.
+
+A hit whose fingerprint differs is prepared again. Everything the fingerprint cannot see is
+caught by the cross-mode probe that validates every hit (:mod:`asd.checks`). The cache is locked
+and in-flight aware: threads asking for the same key while it is being prepared wait for it.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import types
+import weakref
 from collections import OrderedDict
 from typing import Callable
 
+import numpy as np
 import torch
+
+__all__ = ["PatternCache", "CACHE", "cache_key", "fingerprint"]
+
+_MAX_DEPTH = 4
+_MAX_ITEMS = 256
+_HASH_LIMIT = 1 << 16  # elements of an integer/bool tensor or array hashed by content
+
+
+def _tensor_fp(t: torch.Tensor):
+    meta = ("tensor", id(t), tuple(t.shape), str(t.dtype), str(t.device), t.layout, t._version)
+    if t.layout == torch.strided and t.device.type == "cpu" and t.numel() <= _HASH_LIMIT and (
+            not t.is_floating_point() and not t.is_complex()):
+        return meta + (hashlib.blake2b(t.detach().contiguous().numpy().tobytes(), digest_size=8).hexdigest(),)
+    if t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc, torch.sparse_coo):
+        idx = (t.crow_indices(), t.col_indices()) if t.layout == torch.sparse_csr else ()
+        return meta + tuple(_tensor_fp(i) for i in idx)
+    return meta
+
+
+def _module_fp(mod: torch.nn.Module, depth: int):
+    items = [("module", type(mod).__qualname__, id(mod), mod.training)]
+    for name, p in mod.named_parameters(recurse=True):
+        items.append((name, _tensor_fp(p)))
+    for name, b in mod.named_buffers(recurse=True):
+        items.append((name, _tensor_fp(b) if b is not None else None))
+    for name, sub in mod.named_modules():
+        plain = {k: v for k, v in vars(sub).items() if not k.startswith("_") and k != "training"}
+        items.append((name, type(sub).__qualname__, id(sub), _fp(plain, depth + 1)))
+    return tuple(items)
+
+
+def _function_fp(fn: types.FunctionType, depth: int):
+    code = fn.__code__
+    cells = tuple(_fp(c.cell_contents, depth + 1) if _cell_filled(c) else "<empty>" for c in (fn.__closure__ or ()))
+    names = tuple((n, _fp(fn.__globals__[n], depth + 1)) for n in code.co_names if n in fn.__globals__)
+    return ("function", id(code), _fp(fn.__defaults__, depth + 1), _fp(fn.__kwdefaults__, depth + 1), cells, names)
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _fp(obj, depth: int = 0):
+    """A hashable summary of ``obj`` for change detection (bounded depth and size)."""
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        return obj
+    if depth > _MAX_DEPTH:
+        return ("deep", type(obj).__qualname__, id(obj))
+    if isinstance(obj, torch.Tensor):
+        return _tensor_fp(obj)
+    if isinstance(obj, np.ndarray):
+        if obj.size <= _HASH_LIMIT:
+            return ("ndarray", obj.shape, str(obj.dtype), hashlib.blake2b(np.ascontiguousarray(obj).tobytes(),
+                                                                         digest_size=8).hexdigest())
+        return ("ndarray", id(obj), obj.shape, str(obj.dtype))
+    if isinstance(obj, (types.ModuleType, type)):
+        return ("ref", id(obj))
+    if isinstance(obj, torch.nn.Module):
+        return _module_fp(obj, depth)
+    if isinstance(obj, types.FunctionType):
+        return _function_fp(obj, depth)
+    if isinstance(obj, types.MethodType):
+        return ("method", _fp(obj.__func__, depth + 1), _fp(obj.__self__, depth + 1))
+    if isinstance(obj, functools_partial):
+        return ("partial", _fp(obj.func, depth + 1), _fp(obj.args, depth + 1), _fp(obj.keywords, depth + 1))
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, len(obj)) + tuple(_fp(v, depth + 1) for v in obj[:_MAX_ITEMS])
+    if isinstance(obj, dict):
+        return ("dict", len(obj)) + tuple((_fp(k, depth + 1), _fp(v, depth + 1))
+                                          for k, v in list(obj.items())[:_MAX_ITEMS])
+    if isinstance(obj, (set, frozenset)):
+        return ("set", len(obj), tuple(sorted(repr(v) for v in list(obj)[:_MAX_ITEMS])))
+    state = getattr(obj, "__dict__", None)
+    if isinstance(state, dict) and not callable(getattr(obj, "__fingerprint_ignore__", None)):
+        return ("object", type(obj).__qualname__, id(obj), _fp(state, depth + 1))
+    if callable(obj) and hasattr(obj, "__call__"):
+        return ("callable", type(obj).__qualname__, id(obj))
+    return ("opaque", type(obj).__qualname__, id(obj))
+
+
+from functools import partial as functools_partial  # noqa: E402
+
+
+def fingerprint(f: Callable):
+    """A hashable summary of what ``f`` reads (see the module docstring)."""
+    return _fp(f)
+
+
+def _weak_ident(f: Callable):
+    """A weak reference to ``f`` (a bound method: to its function and object) and an identity key."""
+    if isinstance(f, types.MethodType):
+        try:
+            return (weakref.ref(f.__func__), weakref.ref(f.__self__)), ("method", id(f.__func__), id(f.__self__))
+        except TypeError:
+            return None, None
+    try:
+        return (weakref.ref(f),), ("callable", id(f))
+    except TypeError:
+        return None, None
+
+
+def cache_key(kind: str, f: Callable, x: torch.Tensor, options: dict):
+    """The part of the key that is cheap to build; ``None`` when ``f`` cannot be referenced weakly."""
+    refs, ident = _weak_ident(f)
+    if refs is None:
+        return None
+    return (kind, ident, tuple(x.shape), x.dtype, str(x.device), bool(x.requires_grad), torch.is_grad_enabled(),
+            tuple(sorted(options.items())))
+
+
+class _Entry:
+    __slots__ = ("refs", "fingerprint", "op", "ready", "error")
+
+    def __init__(self, refs, fp):
+        self.refs, self.fingerprint, self.op = refs, fp, None
+        self.ready = threading.Event()
+        self.error = None
+
+    def alive_for(self, f) -> bool:
+        targets = (f.__func__, f.__self__) if isinstance(f, types.MethodType) else (f,)
+        return len(targets) == len(self.refs) and all(r() is t for r, t in zip(self.refs, targets))
 
 
 class PatternCache:
-    """A bounded LRU cache of prepared operators keyed on the function and the input's metadata."""
+    """A bounded, locked LRU cache of prepared operators (see the module docstring)."""
 
     def __init__(self, maxsize: int = 32):
         self.maxsize = maxsize
         self._data: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def get_or_create(self, key, create: Callable):
+    def get_or_create(self, key, f: Callable, create: Callable):
+        """``(operator, hit)``: the cached operator for ``key`` when ``f`` and its fingerprint still
+        match, else a new one from ``create()`` (prepared once even when threads race)."""
+        if key is None:
+            return create(), False
         try:
-            op = self._data.pop(key)
-            self.hits += 1
-        except KeyError:
-            self.misses += 1
-            op = create()
-        except TypeError:  # unhashable option: no caching
-            self.misses += 1
-            return create()
-        self._data[key] = op
-        while len(self._data) > self.maxsize:
-            self._data.popitem(last=False)
-        return op
+            hash(key)
+        except TypeError:  # an unhashable option: no caching
+            return create(), False
+        fp = fingerprint(f)
+        refs, _ = _weak_ident(f)
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is not None and (not entry.alive_for(f) or (entry.ready.is_set() and entry.fingerprint != fp)):
+                del self._data[key]
+                entry = None
+            owner = entry is None
+            if owner:
+                entry = self._data[key] = _Entry(refs, fp)
+                self.misses += 1
+            else:
+                self._data.move_to_end(key)
+                self.hits += 1
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+        if owner:
+            try:
+                entry.op = create()
+            except BaseException as exc:
+                entry.error = exc
+                with self._lock:
+                    if self._data.get(key) is entry:
+                        del self._data[key]
+                raise
+            finally:
+                entry.ready.set()
+            return entry.op, False
+        entry.ready.wait()
+        if entry.error is not None:
+            return create(), False
+        return entry.op, True
+
+    def replace(self, key, f: Callable, op) -> None:
+        """Store a freshly prepared operator for ``key``."""
+        if key is None:
+            return
+        refs, _ = _weak_ident(f)
+        entry = _Entry(refs, fingerprint(f))
+        entry.op = op
+        entry.ready.set()
+        with self._lock:
+            self._data[key] = entry
 
     def clear(self) -> None:
-        self._data.clear()
-        self.hits = self.misses = 0
+        with self._lock:
+            self._data.clear()
+            self.hits = self.misses = 0
 
     def __len__(self) -> int:
         return len(self._data)
 
 
 CACHE = PatternCache()
-
-
-def cache_key(kind: str, f: Callable, x: torch.Tensor, options: dict):
-    return (kind, f, tuple(x.shape), x.dtype, str(x.device), tuple(sorted(options.items())))

@@ -36,3 +36,12 @@ class UnsupportedOpWarning(UserWarning):
 
 class ConvergenceWarning(UserWarning):
     """An iterative solver stopped before reaching its tolerance."""
+
+
+class CheckError(AsdError):
+    """A prepared operator's derivative failed its cross-mode check: the decompressed matrix times
+    a random vector disagrees with one product of the other AD mode."""
+
+
+class StalePatternWarning(UserWarning):
+    """A cached operator no longer matched its function and was prepared again."""

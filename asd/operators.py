@@ -8,6 +8,7 @@ derivative products and one decompression.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
@@ -18,7 +19,8 @@ from .backends.hvp import value_grad_hvp
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor
 from .detection.jacobian import check_input
-from .errors import InputError
+from .checks import CheckReport, checks_forced, probe
+from .errors import CheckError, InputError
 from .patterns import SparsityPattern, as_pattern
 
 JACOBIAN_COLORINGS = ("column", "row", "bidirectional")
@@ -27,6 +29,19 @@ MODES = ("auto", "forward", "reverse")
 HVP_MODES = tuple(HVP_BACKENDS)
 MAX_GPU_SUBSTITUTION_LEVELS = 64
 _MODE_OF = {ColumnColoring: "forward", RowColoring: "reverse", BiColoring: "bidirectional"}
+CHECKS = (False, "first", True)
+
+# PyTorch's forward-AD levels are process-global: two threads inside forward-mode transforms at
+# once corrupt each other's tangents. Every evaluation runs under this lock.
+EVAL_LOCK = threading.RLock()
+
+
+def _check_option(check, default: bool):
+    if check is None:
+        check = default
+    if not (check is False or check is True or check == "first"):
+        raise InputError(f"check must be False, 'first' or True, got {check!r}")
+    return True if checks_forced() else check
 
 
 def _check_call_input(x, shape, dtype, device, what: str) -> None:
@@ -55,11 +70,15 @@ class _SparseOperator:
         self.timings: dict[str, float] = {}
 
     def _setup(self, g: Callable, coloring, x: torch.Tensor, backend: Backend | None, batch_size, compile,
-               hvp=None) -> None:
+               check, hvp=None) -> None:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
             raise InputError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         self.coloring = coloring
+        self._g = g
+        self.check_mode = check
+        self._checked = False
+        self.last_check: CheckReport | None = None
         if backend is None:
             kw = {} if hvp is None else {"hvp": hvp}
             backend = default_backend(coloring, batch_size=batch_size, **kw)
@@ -78,12 +97,46 @@ class _SparseOperator:
     def compressed(self, x: torch.Tensor) -> torch.Tensor:
         """The flat compressed product (batch-first layout of the coloring's plan)."""
         self._check(x)
-        return self.backend.compute(self.state, x.reshape(-1))
+        with EVAL_LOCK:
+            return self.backend.compute(self.state, x.reshape(-1))
 
     def values(self, x: torch.Tensor) -> torch.Tensor:
-        """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure."""
+        """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure.
+
+        With ``check=True`` (or ``"first"`` on the first call) the values are verified by
+        :meth:`check` before they are returned; a failed check raises :class:`asd.CheckError`.
+        """
         self._check(x)
-        return self.backend.values(self.state, x.reshape(-1), self.decompressor)
+        with EVAL_LOCK:
+            vals = self.backend.values(self.state, x.reshape(-1), self.decompressor)
+        vals = vals.to(self.dtype)
+        if self.check_mode is True or (self.check_mode == "first" and not self._checked):
+            self._verify(x, vals)
+        return vals
+
+    def check(self, x: torch.Tensor, values: torch.Tensor | None = None) -> CheckReport:
+        """Probe the derivative at ``x`` with one product of the other AD mode (see :mod:`asd.checks`).
+
+        Returns the :class:`~asd.checks.CheckReport`; ``report.ok`` is ``False`` when the sparse
+        derivative disagrees with the matrix-free product beyond rounding (a pattern that does not
+        hold at ``x``, a function changed since preparation, or a wrong AD formula in PyTorch).
+        """
+        self._check(x)
+        if values is None:
+            with EVAL_LOCK:
+                values = self.backend.values(self.state, x.reshape(-1), self.decompressor).to(self.dtype)
+        with EVAL_LOCK:
+            report = probe(self, x, values)
+        self.last_check = report
+        return report
+
+    def _verify(self, x: torch.Tensor, values: torch.Tensor) -> None:
+        report = self.check(x, values)
+        self._checked = True
+        if not report.ok:
+            raise CheckError(f"{self._what} failed its cross-mode check at this x ({report}). The sparsity "
+                             "pattern does not hold here or the function changed since preparation: prepare "
+                             "the operator again (for local=True at this point), or pass local=False.")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The derivative at ``x`` as a ``torch.sparse_csr`` tensor."""
@@ -123,6 +176,10 @@ class SparseJacobian(_SparseOperator):
         bool array); skips detection.
     backend
         An explicit evaluation backend (see :mod:`asd.backends`) for the chosen coloring.
+    check
+        Verify calls with the cross-mode probe (:meth:`check`): ``False``, ``"first"`` (the first
+        call only) or ``True`` (every call; the default with ``local=True`` or a user ``pattern``,
+        whose validity at other points is not known). ``ASD_CHECK=1`` turns it on everywhere.
 
     Attributes
     ----------
@@ -132,13 +189,16 @@ class SparseJacobian(_SparseOperator):
     mode : str
     timings : dict
         Seconds spent in ``detection`` and ``coloring`` while preparing.
+    last_check : asd.checks.CheckReport or None
+        The outcome of the latest probe.
     """
 
     _what = "this SparseJacobian"
 
     def __init__(self, f: Callable, x: torch.Tensor, *, mode: str = "auto", coloring: str | None = None,
                  order: str = "natural", batch_size: int | None = None, compile: bool = False,
-                 local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None):
+                 local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
+                 check: bool | str | None = None):
         from .coloring import color
         from .detection import jacobian_sparsity
         jacobian_pattern = lambda f, x, **kw: as_pattern(jacobian_sparsity(f, x, **kw))  # TEMPORARY-SHIM
@@ -150,6 +210,7 @@ class SparseJacobian(_SparseOperator):
             raise InputError(f"a Jacobian coloring must be one of {JACOBIAN_COLORINGS}, got {coloring!r}")
 
         t0 = time.perf_counter()
+        self._user_pattern = pattern is not None
         if pattern is None:
             pattern = jacobian_pattern(f, x, local=local, strict=strict)
         else:
@@ -178,7 +239,8 @@ class SparseJacobian(_SparseOperator):
             result = color(pattern, coloring, order=order)
         self.timings["coloring"] = time.perf_counter() - t1
         self.mode = _MODE_OF[type(result)]
-        self._setup(flatten_function(f, x.shape), result, x, backend, batch_size, compile)
+        check = _check_option(check, default=local or self._user_pattern)
+        self._setup(flatten_function(f, x.shape), result, x, backend, batch_size, compile, check)
 
     def __repr__(self) -> str:
         m, n = self.pattern.shape
@@ -198,14 +260,15 @@ class SparseHessian(_SparseOperator):
     coloring
         ``"star"`` (direct decompression), ``"acyclic"`` (fewer colors, substitution) or ``None``:
         star, unless acyclic needs fewer colors (and, off the CPU, its substitution has at most
-        ``MAX_GPU_SUBSTITUTION_LEVELS`` sequential levels).
+        ``MAX_GPU_SUBSTITUTION_LEVELS`` sequential levels). Below float64 the default is always
+        star: substitution accumulates rounding errors on small entries.
     order
         Vertex order of the coloring (see :data:`asd.coloring.ORDERS`, or ``"best"``).
     hvp
         ``"forward_over_reverse"`` (``jvp`` of ``grad``, the default) or ``"reverse_over_forward"``
         (``grad`` of ``jvp``: often faster eagerly, but PyTorch's double-backward formulas of a few
         ops (``cumprod`` at a zero) give NaN where forward-over-reverse is exact).
-    batch_size, compile, local, strict, pattern, backend
+    batch_size, compile, local, strict, pattern, backend, check
         As for :class:`SparseJacobian`.
 
     Attributes
@@ -221,7 +284,8 @@ class SparseHessian(_SparseOperator):
 
     def __init__(self, f: Callable, x: torch.Tensor, *, coloring: str | None = None, order: str = "natural",
                  hvp: str = "forward_over_reverse", batch_size: int | None = None, compile: bool = False,
-                 local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None):
+                 local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
+                 check: bool | str | None = None):
         from .coloring import color, symmetric_pattern
         from .detection import hessian_sparsity
         hessian_pattern = lambda f, x, **kw: as_pattern(hessian_sparsity(f, x, **kw))  # TEMPORARY-SHIM
@@ -232,6 +296,7 @@ class SparseHessian(_SparseOperator):
         if hvp not in HVP_MODES:
             raise InputError(f"hvp must be one of {HVP_MODES}, got {hvp!r}")
         t0 = time.perf_counter()
+        self._user_pattern = pattern is not None
         if pattern is None:
             pattern = hessian_pattern(f, x, local=local, strict=strict)
         else:
@@ -242,6 +307,8 @@ class SparseHessian(_SparseOperator):
         self.pattern = pattern
         t1 = time.perf_counter()
         self.timings["detection"] = t1 - t0
+        if coloring is None and x.dtype != torch.float64:
+            coloring = "star"  # substitution accumulates rounding: in low precision only on request
         if coloring is None:
             star = color(pattern, "star", order=order)
             acyclic = color(pattern, "acyclic", order=order)
@@ -255,7 +322,8 @@ class SparseHessian(_SparseOperator):
         self._g = scalar_function(f, x.shape)
         self._batch_size, self._compile = batch_size, compile
         self._with_grad: BatchedProducts | None = None
-        self._setup(self._g, result, x, backend, batch_size, compile, hvp=HVP_BACKENDS[hvp])
+        check = _check_option(check, default=local or self._user_pattern)
+        self._setup(self._g, result, x, backend, batch_size, compile, check, hvp=HVP_BACKENDS[hvp])
 
     def value_grad_hessian(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(f(x), grad f(x), Hessian)`` from one batched forward-over-reverse evaluation.
@@ -271,9 +339,10 @@ class SparseHessian(_SparseOperator):
             self._with_grad = BatchedProducts(value_grad_hvp(self._g), self.coloring.seeds(x.dtype, x.device),
                                               batch_size=self._batch_size, compile=self._compile)
         parts, value, grad = [], None, None
-        for seeds in self._with_grad.chunks():
-            value, grad, hs = self._with_grad.run(xf, seeds)
-            parts.append(hs.reshape(-1))
+        with EVAL_LOCK:
+            for seeds in self._with_grad.chunks():
+                value, grad, hs = self._with_grad.run(xf, seeds)
+                parts.append(hs.reshape(-1))
         H = self.decompressor(torch.cat(parts) if len(parts) > 1 else parts[0])
         return value, grad.reshape(self.shape), H
 

@@ -49,6 +49,13 @@ def scalar_function(f: Callable, shape: torch.Size) -> Callable:
     return g
 
 
+def check_output_size(m: int, expected: int) -> None:
+    """The function's output must keep the size the operator was prepared for."""
+    if m != expected:
+        raise InputError(f"f(x) now has {m} elements but the operator was prepared for {expected}; the "
+                         "function changed since it was prepared: prepare a new operator")
+
+
 def _is_sparse_failure(exc: Exception) -> bool:
     text = str(exc).lower()
     return "sparse" in text or "do not have strides" in text
@@ -170,8 +177,9 @@ class SingleDirection(Backend):
     seed_type: type = object
 
     @abstractmethod
-    def batched(self, g: Callable) -> Callable:
-        """``fn(x, seeds) -> products`` (one row per seed) for the flat function ``g``."""
+    def batched(self, g: Callable, coloring) -> Callable:
+        """``fn(x, seeds) -> products`` (one row per seed) for the flat function ``g``; it raises
+        :class:`~asd.errors.InputError` when ``g``'s output no longer has the coloring's size."""
 
     def seed_rows(self, coloring, x: torch.Tensor) -> torch.Tensor:
         blocks = [b for b in coloring.seed_blocks(x.dtype, x.device) if isinstance(b, self.seed_type)]
@@ -181,7 +189,7 @@ class SingleDirection(Backend):
         return blocks[0].matrix
 
     def init(self, g, x, coloring, *, batch_size=None, compile=False) -> ProductState:
-        return ProductState(g, BatchedProducts(self.batched(g), self.seed_rows(coloring, x),
+        return ProductState(g, BatchedProducts(self.batched(g, coloring), self.seed_rows(coloring, x),
                                                batch_size=batch_size, compile=compile))
 
     def compute(self, state: ProductState, x: torch.Tensor) -> torch.Tensor:

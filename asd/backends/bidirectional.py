@@ -31,7 +31,7 @@ class Bidirectional(Backend):
         parts = []
         for block in coloring.seed_blocks(x.dtype, x.device):
             side = self.forward if isinstance(block, ColumnSeeds) else self.reverse
-            parts.append(BatchedProducts(side.batched(g), block.matrix, batch_size=batch_size, compile=compile))
+            parts.append(BatchedProducts(side.batched(g, coloring), block.matrix, batch_size=batch_size, compile=compile))
         return BidirectionalState(tuple(parts))
 
     def compute(self, state: BidirectionalState, x: torch.Tensor) -> torch.Tensor:

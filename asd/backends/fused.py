@@ -43,7 +43,7 @@ class FusedGather(Backend):
                              "(batch_size >= ncolors)")
         prep = prepared(coloring.plan, x.device)
         assert isinstance(prep, PreparedGather)
-        run = self.inner.batched(g)
+        run = self.inner.batched(g, coloring)
 
         def run_gathered(xv, seeds, _run=run, _idx=prep.index):
             return _run(xv, seeds).reshape(-1).index_select(0, _idx)

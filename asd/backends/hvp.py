@@ -13,7 +13,7 @@ class ForwardOverReverseHVP(SingleDirection):
 
     seed_type = ColumnSeeds
 
-    def batched(self, g):
+    def batched(self, g, coloring):
         dg = grad(g)
 
         def run(x, seeds):
@@ -28,7 +28,7 @@ class ReverseOverForwardHVP(SingleDirection):
 
     seed_type = ColumnSeeds
 
-    def batched(self, g):
+    def batched(self, g, coloring):
         def run(x, seeds):
             def hv(s):
                 return grad(lambda v: jvp(g, (v,), (s,))[1])(x)

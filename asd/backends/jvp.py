@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch.func import jvp, vmap
 
 from ..coloring.result import ColumnSeeds
-from .base import SingleDirection
+from .base import SingleDirection, check_output_size
 
 
 class ForwardJVP(SingleDirection):
@@ -13,7 +13,11 @@ class ForwardJVP(SingleDirection):
 
     seed_type = ColumnSeeds
 
-    def batched(self, g):
+    def batched(self, g, coloring):
+        m = coloring.shape[0]
+
         def run(x, seeds):
-            return vmap(lambda s: jvp(g, (x,), (s,))[1])(seeds)
+            out = vmap(lambda s: jvp(g, (x,), (s,))[1])(seeds)
+            check_output_size(out.shape[-1], m)
+            return out
         return run

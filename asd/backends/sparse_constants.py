@@ -15,9 +15,26 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
-# id(A) -> (weak reference to A, structure of A^T). Only the structure is cached: A's values may be
-# changed in place between calls, so the transpose's values are gathered from A on every use.
+# id(A) -> (weak reference to A, copy of A's index arrays, structure of A^T). Only the structure is
+# cached, and a hit is validated against A's current index arrays (they can be rewritten in place,
+# even through numpy, without any version bump); the values are gathered from A on every use.
 _TRANSPOSES: dict[int, tuple] = {}
+
+
+def clear_transposes() -> None:
+    """Forget every cached transpose structure."""
+    _TRANSPOSES.clear()
+
+
+def _index_arrays(A: torch.Tensor) -> tuple:
+    if A.layout == torch.sparse_coo:
+        return (A._indices(),)
+    return (A.crow_indices(), A.col_indices())
+
+
+def _same_structure(saved: tuple, A: torch.Tensor) -> bool:
+    now = _index_arrays(A)
+    return len(saved) == len(now) and all(s.shape == t.shape and torch.equal(s, t) for s, t in zip(saved, now))
 
 
 def is_sparse(t) -> bool:
@@ -45,12 +62,12 @@ def _transpose(A: torch.Tensor) -> torch.Tensor:
     # a constant: computed outside any torch.func transform that may be active around this call
     with torch._C._DisableFuncTorch(), torch.no_grad():
         hit = _TRANSPOSES.get(id(A))
-        if hit is None or hit[0]() is not A:
+        if hit is None or hit[0]() is not A or not _same_structure(hit[1], A):
             key = id(A)
-            hit = (weakref.ref(A), _transpose_structure(A))
+            hit = (weakref.ref(A), tuple(t.clone() for t in _index_arrays(A)), _transpose_structure(A))
             _TRANSPOSES[key] = hit
             weakref.finalize(A, _TRANSPOSES.pop, key, None)
-        perm, crow_t, col_t = hit[1]
+        perm, crow_t, col_t = hit[2]
         values = (A.coalesce() if A.layout == torch.sparse_coo else A).values()[perm]
         return torch.sparse_csr_tensor(crow_t, col_t, values, size=(A.shape[1], A.shape[0]), check_invariants=False)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch.func import vjp, vmap
 
 from ..coloring.result import RowSeeds
-from .base import SingleDirection
+from .base import SingleDirection, check_output_size
 
 
 class ReverseVJP(SingleDirection):
@@ -13,8 +13,11 @@ class ReverseVJP(SingleDirection):
 
     seed_type = RowSeeds
 
-    def batched(self, g):
+    def batched(self, g, coloring):
+        m = coloring.shape[0]
+
         def run(x, seeds):
-            _, pull = vjp(g, x)
-            return vmap(lambda s: pull(s)[0])(seeds)
+            y, pull = vjp(g, x)
+            check_output_size(y.shape[-1], m)
+            return vmap(lambda s: pull(s.to(y.dtype))[0])(seeds)
         return run

@@ -153,6 +153,7 @@ class Decompressor:
         self.size = int(self.plan.compressed_size)
         self.crow = _t(coloring.indptr, self.device)
         self.col = _t(coloring.indices, self.device)
+        self.rows = _t(coloring.pattern.rows, self.device)
         prep = prepared(self.plan, self.device)
         self.index = prep.index if isinstance(prep, PreparedGather) else None
 

@@ -1,0 +1,283 @@
+"""No silent wrong derivative: cached state is checked instead of trusted (issue: trust).
+
+Each test reproduces a way asd used to return a wrong matrix without a word, and fails on that
+code: stale cache entries keyed on the function object, stale transposes of sparse constants,
+output growth, operators used outside their point or pattern, thread races, dtype drift.
+"""
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import asd
+import asd.cache
+from asd.cache import CACHE
+from asd.errors import CheckError, StalePatternWarning
+
+
+def dense_jac(f, x):
+    y = f(x)
+    return torch.func.jacrev(f)(x).reshape(y.numel(), x.numel())
+
+
+def assert_jac(J, f, x):
+    torch.testing.assert_close(J.to_dense(), dense_jac(f, x), rtol=1e-12, atol=1e-12)
+
+
+X = torch.rand(6, dtype=torch.float64) + 0.5
+
+
+# -- 1. the implicit cache sees what f reads ---------------------------------------------------
+
+def test_closure_list_changed_in_place():
+    idx = [0, 1, 2]
+    f = lambda x: x[idx] * 2  # noqa: E731
+    assert_jac(asd.sparse_jacobian(f, X), f, X)
+    idx[:] = [4, 3, 2]
+    assert_jac(asd.sparse_jacobian(f, X), f, X)
+
+
+def test_closure_index_tensor_rewritten_through_numpy():
+    idx = torch.tensor([0, 1, 2])
+    f = lambda x: x[idx] ** 2  # noqa: E731
+    assert_jac(asd.sparse_jacobian(f, X), f, X)
+    idx.numpy()[:] = [5, 4, 3]  # no version bump
+    assert_jac(asd.sparse_jacobian(f, X), f, X)
+
+
+SHIFT = 1
+
+
+def _rolled(x):
+    return torch.roll(x, SHIFT) * x
+
+
+def test_rebound_global():
+    global SHIFT
+    assert_jac(asd.sparse_jacobian(_rolled, X), _rolled, X)
+    SHIFT = 2
+    try:
+        assert_jac(asd.sparse_jacobian(_rolled, X), _rolled, X)
+    finally:
+        SHIFT = 1
+
+
+def test_changed_defaults():
+    def f(x, k=1):
+        return x[k:] * x[:-k]
+    assert_jac(asd.sparse_jacobian(f, X), f, X)
+    f.__defaults__ = (2,)
+    assert_jac(asd.sparse_jacobian(f, X), f, X)
+
+
+class Model:
+    def __init__(self):
+        self.circular = False
+
+    def residual(self, x):
+        if self.circular:
+            return torch.roll(x, 1) - x
+        return torch.nn.functional.pad(x[:-1], (1, 0)) - x
+
+
+def test_bound_method_reading_a_changed_attribute():
+    m = Model()
+    assert_jac(asd.sparse_jacobian(m.residual, X), m.residual, X)
+    m.circular = True
+    assert_jac(asd.sparse_jacobian(m.residual, X), m.residual, X)
+
+
+def test_module_with_swapped_submodule_and_changed_dilation():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv1d(1, 1, 3, padding=2, dilation=1, bias=False).double())
+    x = torch.rand(1, 1, 12, dtype=torch.float64)
+    f = lambda z: net(z)  # noqa: E731
+    assert_jac(asd.sparse_jacobian(f, x), f, x)
+    net[0].dilation = (2,)
+    assert_jac(asd.sparse_jacobian(f, x), f, x)
+    net[0] = torch.nn.Conv1d(1, 1, 5, padding=2, bias=False).double()
+    assert_jac(asd.sparse_jacobian(f, x), f, x)
+
+
+def test_probe_catches_what_the_fingerprint_cannot_see(monkeypatch):
+    # a blind fingerprint: only the cross-mode probe stands between the cache and a wrong answer
+    monkeypatch.setattr(asd.cache, "fingerprint", lambda f: 0)
+    idx = [0, 1, 2]
+    f = lambda x: torch.sin(x[idx])  # noqa: E731
+    for mode in ("forward", "reverse"):
+        asd.clear_cache()
+        idx[:] = [0, 1, 2]
+        asd.sparse_jacobian(f, X, mode=mode)
+        idx[:] = [5, 3, 1]
+        with pytest.warns(StalePatternWarning):
+            J = asd.sparse_jacobian(f, X, mode=mode)
+        assert_jac(J, f, X)
+        assert_jac(asd.sparse_jacobian(f, X, mode=mode), f, X)  # the fresh operator is cached
+
+
+def test_output_growth_is_not_truncated(monkeypatch):
+    monkeypatch.setattr(asd.cache, "fingerprint", lambda f: 0)
+    k = [3]
+    f = lambda x: x[: k[0]] ** 2  # noqa: E731
+    for mode in ("forward", "reverse"):
+        asd.clear_cache()
+        k[0] = 3
+        asd.sparse_jacobian(f, X, mode=mode)
+        k[0] = 5
+        with pytest.warns(StalePatternWarning):
+            J = asd.sparse_jacobian(f, X, mode=mode)
+        assert J.shape == (5, 6)
+        assert_jac(J, f, X)
+
+
+def test_prepared_operator_refuses_a_grown_output():
+    k = [3]
+    f = lambda x: x[: k[0]] ** 2  # noqa: E731
+    for mode in ("forward", "reverse"):
+        op = asd.prepare_jacobian(f, X, mode=mode)
+        k[0] = 5
+        with pytest.raises(asd.InputError, match="prepared for 3"):
+            op(X)
+        k[0] = 3
+
+
+def test_stale_hessian_cache_is_reprepared(monkeypatch):
+    monkeypatch.setattr(asd.cache, "fingerprint", lambda f: 0)
+    pairs = [(0, 1)]
+    f = lambda x: sum(x[i] * x[j] for i, j in pairs) + (x ** 4).sum()  # noqa: E731
+    asd.sparse_hessian(f, X)
+    pairs[:] = [(2, 5), (1, 4)]
+    with pytest.warns(StalePatternWarning):
+        H = asd.sparse_hessian(f, X)
+    torch.testing.assert_close(H.to_dense(), torch.func.hessian(f)(X))
+
+
+# -- sparse constants: structure validated by content ------------------------------------------
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_sparse_constant_indices_rewritten_in_place(cache):
+    A = torch.tensor([[1.0, 2.0, 0], [0, 3.0, 0], [0, 0, 4.0]], dtype=torch.float64).to_sparse_csr()
+    f = lambda x: (x * (A @ x)).sum()  # noqa: E731
+    x = torch.rand(3, dtype=torch.float64)
+
+    def reference():
+        D = A.to_dense()
+        return D + D.T  # the Hessian of x^T A x
+
+    torch.testing.assert_close(asd.sparse_hessian(f, x, cache=cache, coloring="star").to_dense(), reference())
+    # move the (0, 1) entry to (0, 2): same nnz, new structure, no version bump
+    A.col_indices().numpy()[1] = 2
+    if cache:
+        asd.clear_cache()
+    torch.testing.assert_close(asd.sparse_hessian(f, x, cache=cache, coloring="star").to_dense(), reference())
+
+
+# -- 5. threads ---------------------------------------------------------------------------------
+
+def test_eight_threads_prepare_one_key_once():
+    f = lambda x: torch.sin(x[1:]) * x[:-1]  # noqa: E731
+    x = torch.rand(50, dtype=torch.float64)
+    asd.clear_cache()
+    out, errors = [None] * 8, []
+
+    def work(i):
+        try:
+            out[i] = asd.sparse_jacobian(f, x, mode="forward").to_dense()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert CACHE.misses == 1
+    ref = dense_jac(f, x)
+    for J in out:
+        torch.testing.assert_close(J, ref)
+
+
+def test_forward_mode_from_many_threads():
+    funcs = [lambda x, k=k: torch.sin(x * (k + 1)).cumsum(0)[::2] for k in range(6)]
+    x = torch.rand(40, dtype=torch.float64)
+    # the dense references use forward AD too: computed before the threads start
+    refs = [(dense_jac(f, x), torch.func.hessian(lambda z, f=f: f(z).sum() ** 2)(x)) for f in funcs]
+    errors = []
+
+    def work(f, ref):
+        try:
+            for _ in range(5):
+                J = asd.sparse_jacobian(f, x, mode="forward", cache=False)
+                torch.testing.assert_close(J.to_dense(), ref[0])
+                H = asd.sparse_hessian(lambda z: f(z).sum() ** 2, x, cache=False)
+                torch.testing.assert_close(H.to_dense(), ref[1])
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(f, r)) for f, r in zip(funcs, refs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+# -- 6. operators used outside their contract --------------------------------------------------
+
+def test_local_operator_checks_its_point():
+    f = torch.relu
+    x = torch.tensor([1.0, -1.0, 2.0, -2.0], dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, local=True)
+    assert_jac(op(x), f, x)
+    with pytest.raises(CheckError, match="local=True"):
+        op(-x)
+
+
+def test_user_pattern_missing_entries_is_caught():
+    f = lambda x: x[1:] * x[:-1]  # noqa: E731
+    diag = np.eye(5, 6, dtype=bool)
+    op = asd.prepare_jacobian(f, X, pattern=diag)
+    with pytest.raises(CheckError):
+        op(X)
+    full = asd.prepare_jacobian(f, X, pattern=asd.jacobian_sparsity(f, X))
+    assert_jac(full(X), f, X)
+
+
+def test_check_option_and_report():
+    f = lambda x: torch.sin(x[1:]) * x[:-1]  # noqa: E731
+    op = asd.prepare_jacobian(f, X, check="first")
+    assert op.last_check is None
+    op(X)
+    assert op.last_check is not None and op.last_check.ok
+    report = op.check(X)
+    assert report.ok and report.error <= report.tolerance * report.scale
+    with pytest.raises(asd.InputError, match="check"):
+        asd.prepare_jacobian(f, X, check="always")
+
+
+def test_asd_check_environment(monkeypatch):
+    monkeypatch.setenv("ASD_CHECK", "1")
+    op = asd.prepare_jacobian(lambda x: x ** 2, X)
+    assert op.check_mode is True
+    op(X)
+    assert op.last_check.ok
+
+
+# -- 8. precision traps -------------------------------------------------------------------------
+
+def test_low_precision_hessians_default_to_star():
+    f = lambda x: (x[1:] * x[:-1]).sum() + (x ** 3).sum()  # noqa: E731
+    x = torch.rand(30)
+    assert isinstance(asd.prepare_hessian(f, x).coloring, asd.coloring.StarColoring)
+    assert isinstance(asd.prepare_hessian(f, x, coloring="acyclic").coloring, asd.coloring.AcyclicColoring)
+
+
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+def test_jacobian_dtype_is_the_inputs_in_every_mode(mode):
+    f = lambda x: (x ** 2).float()  # noqa: E731
+    J = asd.sparse_jacobian(f, X, mode=mode)
+    assert J.dtype == torch.float64

@@ -69,6 +69,19 @@ class _SparseOperator:
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
         self.timings: dict[str, float] = {}
 
+    def _prepare_pattern(self, detect: Callable, given, conform: Callable) -> None:
+        """``self.pattern``: detected, or the user's ``given`` pattern checked by ``conform``."""
+        t0 = time.perf_counter()
+        self._user_pattern = given is not None
+        self.pattern = detect() if given is None else conform(as_pattern(given, name="pattern"))
+        self.timings["detection"] = time.perf_counter() - t0
+
+    def _choose_coloring(self, choose: Callable):
+        t0 = time.perf_counter()
+        result = choose()
+        self.timings["coloring"] = time.perf_counter() - t0
+        return result
+
     def _setup(self, g: Callable, coloring, x: torch.Tensor, backend: Backend | None, batch_size, compile,
                check, hvp=None) -> None:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
@@ -209,35 +222,29 @@ class SparseJacobian(_SparseOperator):
         if coloring is not None and coloring not in JACOBIAN_COLORINGS:
             raise InputError(f"a Jacobian coloring must be one of {JACOBIAN_COLORINGS}, got {coloring!r}")
 
-        t0 = time.perf_counter()
-        self._user_pattern = pattern is not None
-        if pattern is None:
-            pattern = jacobian_pattern(f, x, local=local, strict=strict)
-        else:
-            pattern = as_pattern(pattern, name="pattern")
-            if pattern.shape[1] != x.numel():
-                raise InputError(f"the given pattern has {pattern.shape[1]} columns but x has {x.numel()} elements")
+        def conform(P: SparsityPattern) -> SparsityPattern:
+            if P.shape[1] != x.numel():
+                raise InputError(f"the given pattern has {P.shape[1]} columns but x has {x.numel()} elements")
             with torch.no_grad():
                 y = f(x)
             m = y.numel() if isinstance(y, torch.Tensor) else None
-            if m != pattern.shape[0]:
-                raise InputError(f"the given pattern has {pattern.shape[0]} rows but f(x) has "
+            if m != P.shape[0]:
+                raise InputError(f"the given pattern has {P.shape[0]} rows but f(x) has "
                                  f"{m if m is not None else 'no tensor'} elements")
-            pattern = pattern.with_shapes(tuple(x.shape), tuple(y.shape))
-        self.pattern = pattern
-        t1 = time.perf_counter()
-        self.timings["detection"] = t1 - t0
+            return P.with_shapes(tuple(x.shape), tuple(y.shape))
 
-        if coloring is None:
-            coloring = {"forward": "column", "reverse": "row"}.get(mode)
-        if coloring is None:  # auto
-            col = color(pattern, "column", order=order)
-            row = color(pattern, "row", order=order)
-            prefer_col = col.ncolors < row.ncolors or (col.ncolors == row.ncolors and compile)
-            result = col if prefer_col else row
-        else:
-            result = color(pattern, coloring, order=order)
-        self.timings["coloring"] = time.perf_counter() - t1
+        self._prepare_pattern(lambda: jacobian_pattern(f, x, local=local, strict=strict), pattern, conform)
+        problem = coloring or {"forward": "column", "reverse": "row"}.get(mode)
+
+        def choose():
+            if problem is not None:
+                return color(self.pattern, problem, order=order)
+            col = color(self.pattern, "column", order=order)
+            row = color(self.pattern, "row", order=order)
+            # on a tie: reverse eagerly (one VJP batch shares one forward pass), forward when compiled
+            return col if col.ncolors < row.ncolors or (col.ncolors == row.ncolors and compile) else row
+
+        result = self._choose_coloring(choose)
         self.mode = _MODE_OF[type(result)]
         check = _check_option(check, default=local or self._user_pattern)
         self._setup(flatten_function(f, x.shape), result, x, backend, batch_size, compile, check)
@@ -295,29 +302,25 @@ class SparseHessian(_SparseOperator):
             raise InputError(f"a Hessian coloring must be one of {HESSIAN_COLORINGS}, got {coloring!r}")
         if hvp not in HVP_MODES:
             raise InputError(f"hvp must be one of {HVP_MODES}, got {hvp!r}")
-        t0 = time.perf_counter()
-        self._user_pattern = pattern is not None
-        if pattern is None:
-            pattern = hessian_pattern(f, x, local=local, strict=strict)
-        else:
-            pattern = as_pattern(pattern, name="pattern")
-            if pattern.shape != (x.numel(), x.numel()):
-                raise InputError(f"a Hessian pattern must be ({x.numel()}, {x.numel()}), got {pattern.shape}")
-            pattern = symmetric_pattern(pattern).with_shapes(tuple(x.shape), tuple(x.shape))
-        self.pattern = pattern
-        t1 = time.perf_counter()
-        self.timings["detection"] = t1 - t0
+        def conform(P: SparsityPattern) -> SparsityPattern:
+            if P.shape != (x.numel(), x.numel()):
+                raise InputError(f"a Hessian pattern must be ({x.numel()}, {x.numel()}), got {P.shape}")
+            return symmetric_pattern(P).with_shapes(tuple(x.shape), tuple(x.shape))
+
+        self._prepare_pattern(lambda: hessian_pattern(f, x, local=local, strict=strict), pattern, conform)
         if coloring is None and x.dtype != torch.float64:
             coloring = "star"  # substitution accumulates rounding: in low precision only on request
-        if coloring is None:
-            star = color(pattern, "star", order=order)
-            acyclic = color(pattern, "acyclic", order=order)
+
+        def choose():
+            if coloring is not None:
+                return color(self.pattern, coloring, order=order)
+            star = color(self.pattern, "star", order=order)
+            acyclic = color(self.pattern, "acyclic", order=order)
             # off the CPU, substitution runs level by level: worth it only for shallow trees
             shallow = x.device.type == "cpu" or acyclic.plan.nlevels <= MAX_GPU_SUBSTITUTION_LEVELS
-            result = acyclic if acyclic.ncolors < star.ncolors and shallow else star
-        else:
-            result = color(pattern, coloring, order=order)
-        self.timings["coloring"] = time.perf_counter() - t1
+            return acyclic if acyclic.ncolors < star.ncolors and shallow else star
+
+        result = self._choose_coloring(choose)
         self.hvp = hvp
         self._g = scalar_function(f, x.shape)
         self._batch_size, self._compile = batch_size, compile

@@ -21,6 +21,7 @@ from .decompression.device import Decompressor
 from .detection.jacobian import check_input
 from .checks import CheckReport, checks_forced, probe
 from .errors import CheckError, InputError
+from .guards import ModuleStateGuard
 from .patterns import SparsityPattern, as_pattern
 
 JACOBIAN_COLORINGS = ("column", "row", "bidirectional")
@@ -34,6 +35,12 @@ CHECKS = (False, "first", True)
 # PyTorch's forward-AD levels are process-global: two threads inside forward-mode transforms at
 # once corrupt each other's tangents. Every evaluation runs under this lock.
 EVAL_LOCK = threading.RLock()
+
+
+def _private(x: torch.Tensor) -> torch.Tensor:
+    """A flat copy of ``x`` for the transforms: a function that writes into its input must never
+    change the caller's tensor (a copy of the input is cheap next to one derivative product)."""
+    return x.reshape(-1).clone()
 
 
 def _check_option(check, default: bool):
@@ -68,12 +75,14 @@ class _SparseOperator:
         self.f = f
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
         self.timings: dict[str, float] = {}
+        self._guard = ModuleStateGuard(f)
 
     def _prepare_pattern(self, detect: Callable, given, conform: Callable) -> None:
         """``self.pattern``: detected, or the user's ``given`` pattern checked by ``conform``."""
         t0 = time.perf_counter()
         self._user_pattern = given is not None
-        self.pattern = detect() if given is None else conform(as_pattern(given, name="pattern"))
+        with self._guard.protect(always=True):  # preparing leaves no trace in the user's modules
+            self.pattern = detect() if given is None else conform(as_pattern(given, name="pattern"))
         self.timings["detection"] = time.perf_counter() - t0
 
     def _choose_coloring(self, choose: Callable):
@@ -110,8 +119,8 @@ class _SparseOperator:
     def compressed(self, x: torch.Tensor) -> torch.Tensor:
         """The flat compressed product (batch-first layout of the coloring's plan)."""
         self._check(x)
-        with EVAL_LOCK:
-            return self.backend.compute(self.state, x.reshape(-1))
+        with EVAL_LOCK, self._guard.protect():
+            return self.backend.compute(self.state, _private(x))
 
     def values(self, x: torch.Tensor) -> torch.Tensor:
         """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure.
@@ -120,8 +129,8 @@ class _SparseOperator:
         :meth:`check` before they are returned; a failed check raises :class:`asd.CheckError`.
         """
         self._check(x)
-        with EVAL_LOCK:
-            vals = self.backend.values(self.state, x.reshape(-1), self.decompressor)
+        with EVAL_LOCK, self._guard.protect():
+            vals = self.backend.values(self.state, _private(x), self.decompressor)
         vals = vals.to(self.dtype)
         if self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals)
@@ -137,7 +146,7 @@ class _SparseOperator:
         self._check(x)
         if values is None:
             with EVAL_LOCK:
-                values = self.backend.values(self.state, x.reshape(-1), self.decompressor).to(self.dtype)
+                values = self.backend.values(self.state, _private(x), self.decompressor).to(self.dtype)
         with EVAL_LOCK:
             report = probe(self, x, values)
         self.last_check = report
@@ -334,7 +343,7 @@ class SparseHessian(_SparseOperator):
         The gradient has ``x``'s shape; the Hessian is ``torch.sparse_csr``.
         """
         self._check(x)
-        xf = x.reshape(-1)
+        xf = _private(x)
         if self.ncolors == 0:
             value, grad = torch.func.grad_and_value(self._g)(xf)[::-1]
             return value, grad.reshape(self.shape), self.decompressor.csr(xf.new_zeros(0))
@@ -342,7 +351,7 @@ class SparseHessian(_SparseOperator):
             self._with_grad = BatchedProducts(value_grad_hvp(self._g), self.coloring.seeds(x.dtype, x.device),
                                               batch_size=self._batch_size, compile=self._compile)
         parts, value, grad = [], None, None
-        with EVAL_LOCK:
+        with EVAL_LOCK, self._guard.protect():
             for seeds in self._with_grad.chunks():
                 value, grad, hs = self._with_grad.run(xf, seeds)
                 parts.append(hs.reshape(-1))

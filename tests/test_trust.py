@@ -281,3 +281,43 @@ def test_jacobian_dtype_is_the_inputs_in_every_mode(mode):
     f = lambda x: (x ** 2).float()  # noqa: E731
     J = asd.sparse_jacobian(f, X, mode=mode)
     assert J.dtype == torch.float64
+
+
+# -- 6. nothing of the caller's changes --------------------------------------------------------
+
+def test_failed_call_leaves_module_state_alone():
+    bn = torch.nn.BatchNorm1d(3).double()  # training mode: its forward updates buffers
+    x = torch.rand(4, 3, dtype=torch.float64)
+    before = {k: v.clone() for k, v in bn.state_dict().items()}
+    with pytest.raises(Exception):  # noqa: B017 - torch.func refuses buffer updates inside transforms
+        asd.sparse_jacobian(bn, x)
+    for k, v in bn.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_preparing_leaves_module_state_alone():
+    bn = torch.nn.BatchNorm1d(3).double().eval()
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3).double(), bn)
+    net.train()
+    bn.eval()
+    x = torch.rand(4, 3, dtype=torch.float64)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    net.train()
+    try:
+        asd.prepare_jacobian(net, x)
+    except Exception:  # noqa: BLE001 - preparing may fail; state must not change either way
+        pass
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_forward_mode_never_writes_into_the_callers_input():
+    def f(x):
+        x.mul_(2)
+        return x.sin()
+
+    x = torch.rand(5, dtype=torch.float64)
+    x0 = x.clone()
+    J = asd.sparse_jacobian(f, x, mode="forward", cache=False)
+    assert torch.equal(x, x0)
+    torch.testing.assert_close(J.to_dense(), torch.diag(2 * torch.cos(2 * x0)))

@@ -45,3 +45,8 @@ class CheckError(AsdError):
 
 class StalePatternWarning(UserWarning):
     """A cached operator no longer matched its function and was prepared again."""
+
+
+class TransformUnsupported(InputError):
+    """The function cannot run under ``torch.func``'s batched transforms (sparse tensors built
+    inside it, randomness under ``vmap``, in-place updates of captured tensors, ...)."""

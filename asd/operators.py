@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Callable
 
 import torch
 
 from .backends import HVP_BACKENDS, Backend, BatchedProducts, default_backend, flatten_function, scalar_function
-from .backends.hvp import value_grad_hvp
+from .backends.hvp import ReverseOverReverseHVP, value_grad_hvp
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor
 from .detection.jacobian import check_input
 from .checks import CheckReport, checks_forced, probe
-from .errors import CheckError, InputError
+from .backends.autograd_loop import AutogradLoop
+from .errors import AsdError, CheckError, InputError, TransformUnsupported
 from .guards import ModuleStateGuard
 from .patterns import SparsityPattern, as_pattern
 
@@ -101,12 +103,62 @@ class _SparseOperator:
         self.check_mode = check
         self._checked = False
         self.last_check: CheckReport | None = None
+        self._settled = backend is not None  # a backend the user chose is never replaced
         if backend is None:
             kw = {} if hvp is None else {"hvp": hvp}
             backend = default_backend(coloring, batch_size=batch_size, **kw)
+        self._x0 = x.detach().reshape(-1)
+        self._options = dict(batch_size=batch_size, compile=compile)
+        self._adopt(coloring, backend)
+        self.fallback_reason: str | None = None
+
+    def _adopt(self, coloring, backend: Backend) -> None:
+        self.coloring = coloring
         self.backend = backend
-        self.decompressor = Decompressor(coloring, x.device)
-        self.state = backend.init(g, x.detach().reshape(-1), coloring, batch_size=batch_size, compile=compile)
+        self.decompressor = Decompressor(coloring, self.device)
+        self.state = backend.init(self._g, self._x0, coloring, **self._options)
+
+    @property
+    def strategy(self) -> str:
+        """How the products are evaluated (e.g. ``"vmap(jvp) + fused gather"``, ``"autograd loop"``)."""
+        return self.backend.name
+
+    def _fallbacks(self):
+        """Other (coloring, backend) pairs to try, in order, when the first evaluation fails."""
+        return []
+
+    def _evaluate(self, run: Callable, x: torch.Tensor):
+        """``run(backend, state, decompressor, xf)`` under the evaluation lock and the module guard.
+        The first evaluation that torch.func refuses falls back to the next strategy that runs."""
+        with EVAL_LOCK, self._guard.protect():
+            if self._settled:
+                return run(self.backend, self.state, self.decompressor, _private(x))
+            try:
+                out = run(self.backend, self.state, self.decompressor, _private(x))
+            except Exception as exc:  # noqa: BLE001 - refused by torch.func: try the other strategies
+                if isinstance(exc, AsdError) and not isinstance(exc, TransformUnsupported):
+                    raise
+                first, reason = self.strategy, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                last = exc
+                for make in self._fallbacks():
+                    coloring, backend = make()
+                    try:
+                        state = backend.init(self._g, self._x0, coloring, **self._options)
+                        decompressor = Decompressor(coloring, self.device)
+                        out = run(backend, state, decompressor, _private(x))
+                    except Exception as exc2:  # noqa: BLE001 - this one does not run either: next
+                        last = exc2
+                        continue
+                    self.coloring, self.backend, self.state, self.decompressor = coloring, backend, state, decompressor
+                    self.fallback_reason = reason
+                    warnings.warn(f"asd: {first} cannot evaluate this function ({reason}); using {self.strategy}",
+                                  RuntimeWarning, stacklevel=4)
+                    break
+                else:
+                    # the last strategy is plain autograd: its error is the function's own
+                    raise last from (exc if last is not exc else None)
+            self._settled = True
+            return out
 
     def _check(self, x) -> None:
         _check_call_input(x, self.shape, self.dtype, self.device, self._what)
@@ -119,8 +171,7 @@ class _SparseOperator:
     def compressed(self, x: torch.Tensor) -> torch.Tensor:
         """The flat compressed product (batch-first layout of the coloring's plan)."""
         self._check(x)
-        with EVAL_LOCK, self._guard.protect():
-            return self.backend.compute(self.state, _private(x))
+        return self._evaluate(lambda backend, state, dec, xf: backend.compute(state, xf), x)
 
     def values(self, x: torch.Tensor) -> torch.Tensor:
         """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure.
@@ -129,9 +180,7 @@ class _SparseOperator:
         :meth:`check` before they are returned; a failed check raises :class:`asd.CheckError`.
         """
         self._check(x)
-        with EVAL_LOCK, self._guard.protect():
-            vals = self.backend.values(self.state, _private(x), self.decompressor)
-        vals = vals.to(self.dtype)
+        vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x).to(self.dtype)
         if self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals)
         return vals
@@ -145,8 +194,7 @@ class _SparseOperator:
         """
         self._check(x)
         if values is None:
-            with EVAL_LOCK:
-                values = self.backend.values(self.state, _private(x), self.decompressor).to(self.dtype)
+            values = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x).to(self.dtype)
         with EVAL_LOCK:
             report = probe(self, x, values)
         self.last_check = report
@@ -254,9 +302,35 @@ class SparseJacobian(_SparseOperator):
             return col if col.ncolors < row.ncolors or (col.ncolors == row.ncolors and compile) else row
 
         result = self._choose_coloring(choose)
-        self.mode = _MODE_OF[type(result)]
+        self._order = order
         check = _check_option(check, default=local or self._user_pattern)
         self._setup(flatten_function(f, x.shape), result, x, backend, batch_size, compile, check)
+
+    @property
+    def mode(self) -> str:
+        """``"forward"``, ``"reverse"`` or ``"bidirectional"``: the kind of products evaluated."""
+        return _MODE_OF[type(self.coloring)]
+
+    def _fallbacks(self):
+        from .coloring import color
+
+        first = self.coloring
+        others = [p for p in ("column", "row") if p != first.problem]
+
+        def other_mode(problem):
+            def make():
+                c = color(self.pattern, problem, order=self._order)
+                return c, default_backend(c, batch_size=self._options["batch_size"])
+            return make
+
+        def loop(problem):
+            def make():
+                return (first if problem == first.problem else color(self.pattern, problem, order=self._order),
+                        AutogradLoop())
+            return make
+
+        return ([other_mode(p) for p in others] + [loop(first.problem)]
+                + [loop(p) for p in others if first.problem != "bidirectional"])
 
     def __repr__(self) -> str:
         m, n = self.pattern.shape
@@ -336,6 +410,13 @@ class SparseHessian(_SparseOperator):
         self._with_grad: BatchedProducts | None = None
         check = _check_option(check, default=local or self._user_pattern)
         self._setup(self._g, result, x, backend, batch_size, compile, check, hvp=HVP_BACKENDS[hvp])
+
+    def _fallbacks(self):
+        coloring = self.coloring
+        batch_size = self._options["batch_size"]
+        flavours = [cls for name, cls in HVP_BACKENDS.items() if name != self.hvp] + [ReverseOverReverseHVP]
+        return ([(lambda cls=cls: (coloring, default_backend(coloring, batch_size=batch_size, hvp=cls)))
+                 for cls in flavours] + [lambda: (coloring, AutogradLoop())])
 
     def value_grad_hessian(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(f(x), grad f(x), Hessian)`` from one batched forward-over-reverse evaluation.

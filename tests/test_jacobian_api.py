@@ -279,7 +279,7 @@ def test_import_is_light():
     assert out.split() == ["False", "False"]
 
 
-def test_sparse_constant_built_inside_f_is_detected_but_clear_error_on_evaluation():
+def test_sparse_constant_built_inside_f_falls_back_to_plain_autograd():
     M = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 1.0]], dtype=torch.float64)
 
     def f(x):
@@ -287,8 +287,11 @@ def test_sparse_constant_built_inside_f_is_detected_but_clear_error_on_evaluatio
 
     x = torch.randn(3, dtype=torch.float64)
     assert (asd.jacobian_sparsity(f, x).toarray() == (M != 0).numpy()).all()
-    with pytest.raises(asd.InputError, match="outside the function"):
-        asd.sparse_jacobian(f, x)
+    op = asd.prepare_jacobian(f, x)
+    with pytest.warns(RuntimeWarning, match="cannot evaluate this function"):
+        J = op(x)
+    assert op.strategy == "autograd loop" and "sparse" in op.fallback_reason
+    torch.testing.assert_close(J.to_dense(), M * torch.cos(x))
 
 
 def test_sparse_tensor_computed_from_input_is_refused():

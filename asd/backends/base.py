@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, TransformUnsupported
 from .sparse_constants import SparseConstantMode
 
 
@@ -108,7 +108,7 @@ class BatchedProducts:
                         return fn(x, seeds)
                 except Exception as exc2:  # noqa: BLE001
                     if _is_sparse_failure(exc2):
-                        raise InputError(
+                        raise TransformUnsupported(
                             "the function uses a torch sparse tensor in a way torch.func cannot "
                             f"differentiate ({str(exc2).splitlines()[0][:120]}). Constant sparse "
                             "matrices are supported in products A @ u (CSR/COO) when they are built "
@@ -156,6 +156,9 @@ class ProductState:
 
 class Backend(ABC):
     """The protocol: ``init`` once per prepared operator, ``compute`` on every call."""
+
+    #: a short description of the evaluation strategy (``op.strategy``)
+    name: str = "backend"
 
     @abstractmethod
     def init(self, g: Callable, x: torch.Tensor, coloring, *, batch_size: int | None = None,

@@ -24,6 +24,7 @@ class Bidirectional(Backend):
 
     forward: ForwardJVP = ForwardJVP()
     reverse: ReverseVJP = ReverseVJP()
+    name = "vmap(jvp) + vmap(vjp)"
 
     def init(self, g, x, coloring, *, batch_size=None, compile=False) -> BidirectionalState:
         if not isinstance(coloring, BiColoring):

@@ -30,6 +30,10 @@ class FusedGather(Backend):
 
     inner: SingleDirection
 
+    @property
+    def name(self) -> str:
+        return f"{self.inner.name} + fused gather"
+
     @staticmethod
     def applies(coloring, batch_size) -> bool:
         """Whether the fused gather can evaluate this coloring with this batch size."""

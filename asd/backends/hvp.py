@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torch.func import grad, grad_and_value, jvp, vmap
+from torch.func import grad, grad_and_value, jvp, vjp, vmap
 
 from ..coloring.result import ColumnSeeds
 from .base import SingleDirection
@@ -12,6 +12,7 @@ class ForwardOverReverseHVP(SingleDirection):
     """``jvp`` of ``grad`` (the default: exact where PyTorch's double backward is not)."""
 
     seed_type = ColumnSeeds
+    name = "vmap(jvp(grad))"
 
     def batched(self, g, coloring):
         dg = grad(g)
@@ -27,12 +28,28 @@ class ReverseOverForwardHVP(SingleDirection):
     (``cumprod`` at a zero) give NaN where forward-over-reverse is exact."""
 
     seed_type = ColumnSeeds
+    name = "vmap(grad(jvp))"
 
     def batched(self, g, coloring):
         def run(x, seeds):
             def hv(s):
                 return grad(lambda v: jvp(g, (v,), (s,))[1])(x)
             return vmap(hv)(seeds)
+        return run
+
+
+class ReverseOverReverseHVP(SingleDirection):
+    """``vjp`` of ``grad``: no forward-mode formula needed (ops without one, e.g. ``cdist``)."""
+
+    seed_type = ColumnSeeds
+    name = "vmap(vjp(grad))"
+
+    def batched(self, g, coloring):
+        dg = grad(g)
+
+        def run(x, seeds):
+            _, pull = vjp(dg, x)
+            return vmap(lambda s: pull(s)[0])(seeds)
         return run
 
 

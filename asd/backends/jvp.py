@@ -12,6 +12,7 @@ class ForwardJVP(SingleDirection):
     """``B[c] = J @ s_c`` for the seed rows of a column coloring."""
 
     seed_type = ColumnSeeds
+    name = "vmap(jvp)"
 
     def batched(self, g, coloring):
         m = coloring.shape[0]

@@ -12,6 +12,7 @@ class ReverseVJP(SingleDirection):
     """``B[c] = s_c^T J`` for the seed rows of a row coloring."""
 
     seed_type = RowSeeds
+    name = "vmap(vjp)"
 
     def batched(self, g, coloring):
         m = coloring.shape[0]

@@ -1,0 +1,100 @@
+"""Plain ``torch.autograd``, one product at a time: the backend of last resort.
+
+It runs where ``torch.func``'s batched transforms cannot: sparse tensors built inside the
+function, custom ``autograd.Function``s without vmap rules, randomness, in-place updates of
+captured buffers. Reverse products share one forward pass (one graph, one ``autograd.grad`` per
+seed); forward products use dual numbers, each with the same random-number state, so a
+function that draws random numbers sees the same draws in every product, as in one evaluation.
+Hessian-vector products differentiate the gradient's graph again (double backward). The values
+it returns are not differentiable with respect to ``x``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.autograd.forward_ad as fwAD
+
+from ..coloring.result import AcyclicColoring, ColumnSeeds, StarColoring
+from .base import Backend, check_output_size
+
+
+@dataclass(frozen=True, eq=False)
+class LoopState:
+    g: object
+    blocks: tuple
+    hessian: bool
+    m: int
+    batch_size: int | None
+
+
+def _rows(block) -> torch.Tensor:
+    return block.matrix
+
+
+class AutogradLoop(Backend):
+    """Products one seed at a time with plain autograd (see the module docstring)."""
+
+    name = "autograd loop"
+
+    def init(self, g, x, coloring, *, batch_size=None, compile=False) -> LoopState:
+        blocks = coloring.seed_blocks(x.dtype, x.device)
+        return LoopState(g, tuple(blocks), isinstance(coloring, (StarColoring, AcyclicColoring)),
+                         coloring.shape[0], batch_size)
+
+    def compute(self, state: LoopState, x: torch.Tensor) -> torch.Tensor:
+        x = x.detach()
+        parts = []
+        for block in state.blocks:
+            S = _rows(block)
+            if S.shape[0] == 0:
+                continue
+            if state.hessian:
+                parts.append(self._hvps(state.g, x, S))
+            elif isinstance(block, ColumnSeeds):
+                parts.append(self._jvps(state.g, x, S, state.m))
+            else:
+                parts.append(self._vjps(state.g, x, S, state.m))
+        if not parts:
+            return x.new_zeros(0)
+        return torch.cat([p.reshape(-1) for p in parts])
+
+    @staticmethod
+    def _vjps(g, x, S, m) -> torch.Tensor:
+        with torch.enable_grad():
+            xr = x.clone().requires_grad_(True)
+            y = g(xr)
+            check_output_size(y.numel(), m)
+            out = []
+            for s in S:
+                (gx,) = torch.autograd.grad(y, xr, s.to(y.dtype), retain_graph=True, allow_unused=True)
+                out.append(torch.zeros_like(x) if gx is None else gx)
+        return torch.stack(out)
+
+    @staticmethod
+    def _jvps(g, x, S, m) -> torch.Tensor:
+        rng = torch.random.get_rng_state()
+        out = []
+        for s in S:
+            torch.random.set_rng_state(rng)
+            with fwAD.dual_level():
+                y = g(fwAD.make_dual(x, s))
+                tangent = fwAD.unpack_dual(y).tangent
+            check_output_size(y.numel(), m)
+            out.append(torch.zeros(m, dtype=y.dtype, device=x.device) if tangent is None else tangent.reshape(-1))
+        return torch.stack(out)
+
+    @staticmethod
+    def _hvps(g, x, S) -> torch.Tensor:
+        with torch.enable_grad():
+            xr = x.clone().requires_grad_(True)
+            (gr,) = torch.autograd.grad(g(xr), xr, create_graph=True)
+            out = []
+            for s in S:
+                if not gr.requires_grad:  # the gradient does not depend on x: a zero Hessian
+                    out.append(torch.zeros_like(x))
+                    continue
+                (hv,) = torch.autograd.grad(gr, xr, s, retain_graph=True, allow_unused=True)
+                out.append(torch.zeros_like(x) if hv is None else hv)
+        return torch.stack(out)

@@ -13,6 +13,7 @@ from .detection.jacobian import check_input
 from .cache import CACHE, cache_key
 from .errors import CheckError, InputError, StalePatternWarning
 from .operators import SparseHessian, SparseJacobian
+from .options import check_bool
 
 
 def prepare_jacobian(f: Callable, x: torch.Tensor, **options) -> SparseJacobian:
@@ -68,9 +69,7 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
     prepared again with a :class:`asd.StalePatternWarning`."""
     check_input(x)
     evaluate = evaluate or (lambda op, z: op.values(z))
-    cache = options.pop("cache", True)
-    if not isinstance(cache, bool):
-        raise TypeError(f"cache must be True or False, got {cache!r}")
+    cache = check_bool("cache", options.pop("cache", True))
     if not cache or options.get("local", False) or "pattern" in options:
         op = cls(f, x, **options)
         return op, evaluate(op, x)
@@ -139,7 +138,14 @@ def clear_cache() -> None:
 
 
 def to_scipy(t: torch.Tensor) -> sp.csr_array:
-    """A ``torch.sparse_csr`` (or COO) tensor as a ``scipy.sparse.csr_array`` on the host."""
+    """A ``torch.sparse_csr`` (or COO) 2-D tensor as a ``scipy.sparse.csr_array`` on the host."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"to_scipy converts a torch sparse tensor, got {type(t).__name__}"
+                        + ("; a numpy array is converted with scipy.sparse.csr_array(a)" if isinstance(t, np.ndarray)
+                           else ""))
+    if t.dim() != 2:
+        raise InputError(f"to_scipy converts a 2-D sparse matrix, got a {t.dim()}-D tensor of shape {tuple(t.shape)}; "
+                         "convert the matrices of a batch one at a time")
     if t.layout == torch.sparse_coo:
         t = t.coalesce().to_sparse_csr()
     if t.layout != torch.sparse_csr:

@@ -24,6 +24,7 @@ from .checks import CheckReport, checks_forced, probe
 from .backends.autograd_loop import AutogradLoop
 from .errors import AsdError, CheckError, InputError, TransformUnsupported
 from .guards import ModuleStateGuard
+from .options import check_batch_size, check_bool, check_choice
 from .patterns import SparsityPattern, as_pattern
 
 JACOBIAN_COLORINGS = ("column", "row", "bidirectional")
@@ -71,9 +72,14 @@ class _SparseOperator:
     _what = "this operator"
     pattern: SparsityPattern
 
-    def _bind_input(self, f: Callable, x: torch.Tensor) -> None:
-        """Validate ``x`` and record the function and the input metadata calls must match."""
+    def _bind_input(self, f: Callable, x: torch.Tensor, *, batch_size, compile, local, strict) -> None:
+        """Validate ``f``, ``x`` and the common options; record what calls must match."""
+        if not callable(f):
+            raise TypeError(f"f must be a callable (a function of one tensor), got {type(f).__name__}")
         check_input(x)
+        check_batch_size(batch_size)
+        for name, value in (("compile", compile), ("local", local), ("strict", strict)):
+            check_bool(name, value)
         self.f = f
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
         self.timings: dict[str, float] = {}
@@ -95,9 +101,6 @@ class _SparseOperator:
 
     def _setup(self, g: Callable, coloring, x: torch.Tensor, backend: Backend | None, batch_size, compile,
                check, hvp=None) -> None:
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):
-            raise InputError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         self.coloring = coloring
         self._g = g
         self.check_mode = check
@@ -212,6 +215,11 @@ class _SparseOperator:
         """The derivative at ``x`` as a ``torch.sparse_csr`` tensor."""
         return self.decompressor.csr(self.values(x))
 
+    def __reduce__(self):
+        raise TypeError(f"a prepared {type(self).__name__} holds compiled functions and device tensors and cannot be "
+                        "pickled; save what it found with op.pattern.save(path) and asd.coloring.save(op.coloring, "
+                        "path), and prepare it again in the other process with pattern=asd.SparsityPattern.load(path)")
+
 
 class SparseJacobian(_SparseOperator):
     """A reusable sparse Jacobian of ``f`` for inputs shaped like ``x``.
@@ -273,11 +281,10 @@ class SparseJacobian(_SparseOperator):
         from .detection import jacobian_sparsity
         jacobian_pattern = lambda f, x, **kw: as_pattern(jacobian_sparsity(f, x, **kw))  # TEMPORARY-SHIM
 
-        self._bind_input(f, x)
-        if mode not in MODES:
-            raise InputError(f"mode must be one of {MODES}, got {mode!r}")
-        if coloring is not None and coloring not in JACOBIAN_COLORINGS:
-            raise InputError(f"a Jacobian coloring must be one of {JACOBIAN_COLORINGS}, got {coloring!r}")
+        self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict)
+        check_choice("mode", mode, MODES)
+        if coloring is not None:
+            check_choice("coloring (of a Jacobian)", coloring, JACOBIAN_COLORINGS)
 
         def conform(P: SparsityPattern) -> SparsityPattern:
             if P.shape[1] != x.numel():
@@ -380,11 +387,10 @@ class SparseHessian(_SparseOperator):
         from .detection import hessian_sparsity
         hessian_pattern = lambda f, x, **kw: as_pattern(hessian_sparsity(f, x, **kw))  # TEMPORARY-SHIM
 
-        self._bind_input(f, x)
-        if coloring is not None and coloring not in HESSIAN_COLORINGS:
-            raise InputError(f"a Hessian coloring must be one of {HESSIAN_COLORINGS}, got {coloring!r}")
-        if hvp not in HVP_MODES:
-            raise InputError(f"hvp must be one of {HVP_MODES}, got {hvp!r}")
+        self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict)
+        if coloring is not None:
+            check_choice("coloring (of a Hessian)", coloring, HESSIAN_COLORINGS)
+        check_choice("hvp", hvp, HVP_MODES)
         def conform(P: SparsityPattern) -> SparsityPattern:
             if P.shape != (x.numel(), x.numel()):
                 raise InputError(f"a Hessian pattern must be ({x.numel()}, {x.numel()}), got {P.shape}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from asd.coloring.check import check
+from asd.coloring.io import load, save
 from asd.coloring.orders import BEST_ORDERS, ORDERS, check_order
 from asd.coloring.result import (AcyclicColoring, BiColoring, Coloring, ColumnColoring, ColumnSeeds, RowColoring,
                                  RowSeeds, StarColoring)
@@ -19,7 +20,7 @@ from asd.patterns import SparsityPattern, as_pattern
 PROBLEMS = ("column", "row", "star", "acyclic", "bidirectional")
 
 __all__ = ["color", "check", "Coloring", "ColumnColoring", "RowColoring", "StarColoring", "AcyclicColoring",
-           "BiColoring", "ColumnSeeds", "RowSeeds", "ORDERS", "PROBLEMS"]
+           "BiColoring", "ColumnSeeds", "RowSeeds", "ORDERS", "PROBLEMS", "save", "load"]
 
 #: extra seeded random orders tried by ``order="best"``
 BEST_RANDOM_TRIES = 3
@@ -99,6 +100,10 @@ def color(pattern, problem: str = "column", order: str = "natural", *, seed: int
             f"unknown coloring problem {problem!r}; choose one of {', '.join(repr(p) for p in PROBLEMS)}"
         )
     check_order(order)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ColoringError(f"seed must be a non-negative integer, got {seed!r}")
+    if postprocess is not True and postprocess is not False:
+        raise ColoringError(f"postprocess must be True or False, got {postprocess!r}")
     try:
         P = as_pattern(pattern)
     except (TypeError, ValueError) as exc:

@@ -1,0 +1,136 @@
+"""A clear error for every misuse: each raises an asd error or a TypeError/ValueError whose message
+names the argument (and the fix), before any work is done."""
+
+import pickle
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import asd
+from asd.errors import AsdError
+
+X = torch.rand(6, dtype=torch.float64)
+
+
+def f(x):
+    return x[1:] * x[:-1]
+
+
+def g(x):
+    return (x[1:] * x[:-1]).sum()
+
+
+def raises(match, exc=(AsdError, TypeError, ValueError)):
+    return pytest.raises(exc, match=match)
+
+
+@pytest.mark.parametrize("pattern, match", [
+    (np.ones(6, dtype=bool), "pattern must be a 2-D matrix"),
+    (torch.eye(5, 6).to_sparse_csr(), "asd.to_scipy"),
+    (np.ones((5, 7), dtype=bool), "columns"),
+    (np.ones((4, 6), dtype=bool), "rows"),
+    ([["a"]], "pattern"),
+])
+def test_bad_pattern(pattern, match):
+    with raises(match):
+        asd.prepare_jacobian(f, X, pattern=pattern)
+
+
+def test_out_of_range_pattern_indices():
+    with raises("column indices"):
+        asd.SparsityPattern.from_csr([0, 1, 2], [0, 9], (2, 3))
+    with raises("column indices"):
+        asd.SparsityPattern.from_csr([0, 1, 2], [0, -1], (2, 3))
+    with raises("indptr"):
+        asd.SparsityPattern.from_csr([0, 2, 1], [0, 1], (2, 3))
+
+
+@pytest.mark.parametrize("value", [1.5, "2", 0, -1, True])
+def test_bad_batch_size(value):
+    with raises("batch_size"):
+        asd.prepare_jacobian(f, X, batch_size=value)
+
+
+@pytest.mark.parametrize("name", ["compile", "local", "strict"])
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_non_bool_flags(name, value):
+    with raises(name, TypeError):
+        asd.prepare_jacobian(f, X, **{name: value})
+    with raises(name, TypeError):
+        asd.prepare_hessian(g, X, **{name: value})
+
+
+def test_non_bool_cache():
+    with raises("cache", TypeError):
+        asd.sparse_jacobian(f, X, cache="no")
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(mode="fwd"), "mode"), (dict(coloring="star"), "coloring"), (dict(order="rnd"), "order"),
+    (dict(check="always"), "check"),
+])
+def test_bad_choices(kw, match):
+    with raises(match):
+        asd.prepare_jacobian(f, X, **kw)
+
+
+def test_bad_hessian_choices():
+    with raises("hvp"):
+        asd.prepare_hessian(g, X, hvp="forward")
+    with raises("coloring"):
+        asd.prepare_hessian(g, X, coloring="column")
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "0"])
+def test_bad_seed(seed):
+    with raises("seed"):
+        asd.color(sp.eye(4, format="csr"), "column", "random", seed=seed)
+
+
+def test_not_callable():
+    with raises("f must be a callable", TypeError):
+        asd.prepare_jacobian(np.zeros(3), X)
+
+
+def test_to_scipy_of_numpy_and_batched():
+    with raises("numpy array", TypeError):
+        asd.to_scipy(np.eye(3))
+    batched = torch.stack([torch.eye(3)] * 2).to_sparse_csr()
+    with raises("2-D"):
+        asd.to_scipy(batched)
+
+
+def test_half_precision_acyclic_hessian_runs():
+    x = torch.rand(12, dtype=torch.float32)
+    h = lambda z: (z[1:] * z[:-1] ** 2).sum()  # noqa: E731
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        try:
+            op = asd.prepare_hessian(h, x.to(dtype), coloring="acyclic")
+            H = op(x.to(dtype))
+        except AsdError as exc:  # a clear refusal is acceptable, a numba crash is not
+            assert "dtype" in str(exc) or "precision" in str(exc)
+            continue
+        ref = torch.func.hessian(h)(x.double())
+        torch.testing.assert_close(H.to_dense().double(), ref, rtol=5e-2, atol=5e-2)
+
+
+def test_operators_refuse_pickling_with_a_way_out(tmp_path):
+    op = asd.prepare_jacobian(f, X)
+    with raises("cannot be pickled", TypeError):
+        pickle.dumps(op)
+    op.pattern.save(tmp_path / "p.npz")
+    asd.coloring.save(op.coloring, tmp_path / "c.npz")
+    again = asd.prepare_jacobian(f, X, pattern=asd.SparsityPattern.load(tmp_path / "p.npz"))
+    torch.testing.assert_close(again(X).to_dense(), op(X).to_dense())
+    c = asd.coloring.load(tmp_path / "c.npz")
+    assert type(c) is type(op.coloring) and np.array_equal(c.colors, op.coloring.colors)
+
+
+def test_load_refuses_other_files(tmp_path):
+    np.savez(tmp_path / "x.npz", a=np.arange(3))
+    with raises("not an asd"):
+        asd.SparsityPattern.load(tmp_path / "x.npz")
+    with raises("not an asd"):
+        asd.coloring.load(tmp_path / "x.npz")

@@ -38,15 +38,19 @@ def sparse_jacobian(f: Callable, x: torch.Tensor, *, mode: str = "auto", **optio
     mode
         ``"auto"``, ``"forward"`` or ``"reverse"``.
     **options
-        ``coloring``, ``order``, ``batch_size``, ``compile``, ``local``, ``strict``, ``pattern``
-        (see :class:`asd.SparseJacobian`), and ``cache`` (default ``True``).
+        ``coloring``, ``order``, ``batch_size``, ``compile``, ``local``, ``strict``, ``pattern``,
+        ``check``, ``args``/``kwargs`` (``f``'s extra arguments: ``f(x, *args, **kwargs)``; see
+        :class:`asd.SparseJacobian`), and ``cache`` (default ``True``).
 
     Notes
     -----
-    The prepared operator is kept in a bounded cache keyed on ``f`` and ``x``'s shape, dtype and
-    device (and the options), so a repeated call skips detection and coloring. Patterns detected
-    with ``local=True`` hold at one point only and are never cached. ``asd.clear_cache()``
-    empties the cache.
+    The prepared operator is kept in a bounded cache (:mod:`asd.cache`) keyed on ``f`` (a plain
+    function by its code, so a lambda written anew in a loop finds it), a fingerprint of what ``f``
+    reads, ``x``'s shape, dtype, device and ``requires_grad``, the grad mode and the options, so a
+    repeated call skips detection and coloring. Every hit is validated by the cross-mode probe
+    (:mod:`asd.checks`); a stale entry is prepared again with an :class:`asd.StalePatternWarning`.
+    Patterns detected with ``local=True`` hold at one point only and are never cached.
+    ``asd.clear_cache()`` empties the cache.
     """
     options["mode"] = mode
     op, values = _cached("jacobian", SparseJacobian, f, x, options)
@@ -68,15 +72,25 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
     CSR values). A cache hit is validated by the cross-mode probe; when it fails, the operator is
     prepared again with a :class:`asd.StalePatternWarning`."""
     check_input(x)
-    evaluate = evaluate or (lambda op, z: op.values(z))
+    args, kwargs = options.pop("args", ()), options.pop("kwargs", None) or {}
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple of f's extra arguments, got {type(args).__name__}")
+    call = evaluate or (lambda op, z, *a, **k: op.values(z, *a, **k))
+
+    def evaluate(op, z):
+        return call(op, z, *args, **kwargs)
+
     cache = check_bool("cache", options.pop("cache", True))
     if not cache or options.get("local", False) or "pattern" in options:
-        op = cls(f, x, **options)
+        op = cls(f, x, args=args, kwargs=kwargs, **options)
         return op, evaluate(op, x)
     key = cache_key(kind, f, x, options)
-    op, hit = CACHE.get_or_create(key, f, lambda: cls(f, x, **options))
+    op, hit = CACHE.get_or_create(key, f, lambda: cls(f, x, args=args, kwargs=kwargs, **options))
     if not hit:
         return op, evaluate(op, x)
+    if op.f is not f:  # the same code written anew (a lambda in a loop): same structure, this function
+        op = op.rebind(f)
+        CACHE.replace(key, f, op)
     try:
         result = evaluate(op, x)
         values = result if isinstance(result, torch.Tensor) else result[-1].values()
@@ -88,7 +102,7 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
         return op, result
     warnings.warn(f"asd: the cached {kind} operator of {getattr(f, '__qualname__', f)!r} no longer matches the "
                   f"function ({reason}); preparing it again", StalePatternWarning, stacklevel=3)
-    fresh = cls(f, x, **options)
+    fresh = cls(f, x, args=args, kwargs=kwargs, **options)
     result = evaluate(fresh, x)
     values = result if isinstance(result, torch.Tensor) else result[-1].values()
     report = fresh.check(x, values)
@@ -123,7 +137,7 @@ def gradient_and_hessian(f: Callable, x: torch.Tensor, **options) -> tuple[torch
     The combination Newton and interior-point solvers need; options and caching as for
     :func:`sparse_hessian`.
     """
-    return _cached("hessian", SparseHessian, f, x, options, lambda op, z: op.value_grad_hessian(z))[1]
+    return _cached("hessian", SparseHessian, f, x, options, lambda op, z, *a, **k: op.value_grad_hessian(z, *a, **k))[1]
 
 
 def clear_cache() -> None:

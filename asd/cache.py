@@ -2,12 +2,15 @@
 
 What the cache observes, and so what it trusts:
 
-* the function, weakly (a dead function's entries vanish) and by identity;
+* the function: a plain Python function by its code object (so ``lambda z: F(t, z)`` written
+  anew in every call of an ODE right-hand side finds its operator, rebound to the new function);
+  any other callable (a module, a bound method's object) weakly and by identity;
 * the input's shape, dtype, device and ``requires_grad``, the grad mode and the options;
 * a fingerprint of what the function reads (:func:`fingerprint`): its code, closure cells,
   defaults, the globals it names, a bound method's object, and for ``nn.Module``s the training
   flag and the identity, shape, dtype and version of parameters and buffers, the submodules and
-  their plain attributes. Small integer tensors and arrays (indices) are hashed by content.
+  their plain attributes. Small integer tensors and arrays (indices) are hashed by content; float
+  values (scalars and tensors) are not part of it: they change values, not sparsity.
 
 A hit whose fingerprint differs is prepared again. Everything the fingerprint cannot see is
 caught by the cross-mode probe that validates every hit (:mod:`asd.checks`). The cache is locked
@@ -73,7 +76,9 @@ def _cell_filled(cell) -> bool:
 
 def _fp(obj, depth: int = 0):
     """A hashable summary of ``obj`` for change detection (bounded depth and size)."""
-    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+    if isinstance(obj, (float, complex)):
+        return type(obj).__name__
+    if obj is None or isinstance(obj, (bool, int, str, bytes)):
         return obj
     if depth > _MAX_DEPTH:
         return ("deep", type(obj).__qualname__, id(obj))
@@ -118,10 +123,14 @@ def fingerprint(f: Callable):
 
 
 def _weak_ident(f: Callable):
-    """A weak reference to ``f`` (a bound method: to its function and object) and an identity key."""
-    if isinstance(f, types.MethodType):
+    """What identifies ``f`` in the cache: ``(references, key)``. A plain function is identified by
+    its code object (held strongly: code lives as long as the module that defines it); a bound
+    method by its function's code and, weakly, its object; anything else weakly by identity."""
+    if isinstance(f, types.FunctionType):
+        return (f.__code__,), ("code", id(f.__code__))
+    if isinstance(f, types.MethodType) and isinstance(f.__func__, types.FunctionType):
         try:
-            return (weakref.ref(f.__func__), weakref.ref(f.__self__)), ("method", id(f.__func__), id(f.__self__))
+            return (f.__func__.__code__, weakref.ref(f.__self__)), ("method", id(f.__func__.__code__), id(f.__self__))
         except TypeError:
             return None, None
     try:
@@ -130,8 +139,22 @@ def _weak_ident(f: Callable):
         return None, None
 
 
+def _same_referents(refs: tuple, f: Callable) -> bool:
+    """Whether the references of an entry still stand for ``f`` (codes equal, weak referents alive)."""
+    now, _ = _weak_ident(f)
+    if now is None or len(now) != len(refs):
+        return False
+    for a, b in zip(refs, now):
+        if isinstance(a, weakref.ref):
+            if a() is None or a() is not b():
+                return False
+        elif a is not b:
+            return False
+    return True
+
+
 def cache_key(kind: str, f: Callable, x: torch.Tensor, options: dict):
-    """The part of the key that is cheap to build; ``None`` when ``f`` cannot be referenced weakly."""
+    """The part of the key that is cheap to build; ``None`` when ``f`` cannot be referenced."""
     refs, ident = _weak_ident(f)
     if refs is None:
         return None
@@ -148,8 +171,7 @@ class _Entry:
         self.error = None
 
     def alive_for(self, f) -> bool:
-        targets = (f.__func__, f.__self__) if isinstance(f, types.MethodType) else (f,)
-        return len(targets) == len(self.refs) and all(r() is t for r, t in zip(self.refs, targets))
+        return _same_referents(self.refs, f)
 
 
 class PatternCache:
@@ -164,7 +186,8 @@ class PatternCache:
 
     def get_or_create(self, key, f: Callable, create: Callable):
         """``(operator, hit)``: the cached operator for ``key`` when ``f`` and its fingerprint still
-        match, else a new one from ``create()`` (prepared once even when threads race)."""
+        match, else a new one from ``create()`` (prepared once even when threads race). A hit may
+        hold another function object with the same code: the caller rebinds it to ``f``."""
         if key is None:
             return create(), False
         try:

@@ -16,10 +16,11 @@ from typing import Callable
 import torch
 
 from .backends import HVP_BACKENDS, Backend, BatchedProducts, default_backend, flatten_function, scalar_function
-from .backends.hvp import ReverseOverReverseHVP, value_grad_hvp
+from .backends.hvp import ForwardOverReverseHVP, ReverseOverReverseHVP, value_grad_hvp
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor
 from .detection.jacobian import check_input
+from .cache import fingerprint
 from .checks import CheckReport, checks_forced, probe
 from .backends.autograd_loop import AutogradLoop
 from .errors import AsdError, CheckError, InputError, TransformUnsupported
@@ -44,6 +45,18 @@ def _private(x: torch.Tensor) -> torch.Tensor:
     """A flat copy of ``x`` for the transforms: a function that writes into its input must never
     change the caller's tensor (a copy of the input is cheap next to one derivative product)."""
     return x.reshape(-1).clone()
+
+
+def _grad_and_value(g: Callable, x: torch.Tensor):
+    """``(grad g(x), g(x))`` with torch.func, or with plain autograd where torch.func refuses."""
+    try:
+        return torch.func.grad_and_value(g)(x)
+    except Exception:  # noqa: BLE001 - the same refusals as the batched products
+        with torch.enable_grad():
+            xr = x.detach().clone().requires_grad_(True)
+            value = g(xr)
+            (grad,) = torch.autograd.grad(value, xr, allow_unused=True)
+        return (torch.zeros_like(x) if grad is None else grad), value.detach()
 
 
 def _check_option(check, default: bool):
@@ -72,7 +85,8 @@ class _SparseOperator:
     _what = "this operator"
     pattern: SparsityPattern
 
-    def _bind_input(self, f: Callable, x: torch.Tensor, *, batch_size, compile, local, strict) -> None:
+    def _bind_input(self, f: Callable, x: torch.Tensor, *, batch_size, compile, local, strict, args=(),
+                    kwargs=None) -> None:
         """Validate ``f``, ``x`` and the common options; record what calls must match."""
         if not callable(f):
             raise TypeError(f"f must be a callable (a function of one tensor), got {type(f).__name__}")
@@ -80,10 +94,31 @@ class _SparseOperator:
         check_batch_size(batch_size)
         for name, value in (("compile", compile), ("local", local), ("strict", strict)):
             check_bool(name, value)
+        if not isinstance(args, tuple):
+            raise TypeError(f"args must be a tuple of f's extra arguments, got {type(args).__name__}")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"kwargs must be a dict of f's extra keyword arguments, got {type(kwargs).__name__}")
         self.f = f
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
         self.timings: dict[str, float] = {}
         self._guard = ModuleStateGuard(f)
+        # f's extra, non-differentiated arguments: those given at preparation, replaced per call
+        self._with_grad: BatchedProducts | None = None
+        self._prepared_args = (args, dict(kwargs or {}))
+        self._args_fingerprint = fingerprint(self._prepared_args)
+        self._call_args = self._prepared_args
+
+    def _bound(self, f: Callable) -> Callable:
+        """``f`` of ``x`` alone, with the extra arguments of the current call."""
+        return lambda z: f(z, *self._call_args[0], **self._call_args[1])
+
+    def _call_with(self, args: tuple, kwargs: dict):
+        """The argument pair of a call (the prepared one when none is given) and whether it differs
+        structurally from the prepared one (then the call is checked by the probe)."""
+        if not args and not kwargs:
+            return self._prepared_args, False
+        pair = (tuple(args), dict(kwargs))
+        return pair, fingerprint(pair) != self._args_fingerprint
 
     def _prepare_pattern(self, detect: Callable, given, conform: Callable) -> None:
         """``self.pattern``: detected, or the user's ``given`` pattern checked by ``conform``."""
@@ -130,10 +165,11 @@ class _SparseOperator:
         """Other (coloring, backend) pairs to try, in order, when the first evaluation fails."""
         return []
 
-    def _evaluate(self, run: Callable, x: torch.Tensor):
+    def _evaluate(self, run: Callable, x: torch.Tensor, call_args=None):
         """``run(backend, state, decompressor, xf)`` under the evaluation lock and the module guard.
         The first evaluation that torch.func refuses falls back to the next strategy that runs."""
         with EVAL_LOCK, self._guard.protect():
+            self._call_args = call_args or self._prepared_args
             if self._settled:
                 return run(self.backend, self.state, self.decompressor, _private(x))
             try:
@@ -171,24 +207,30 @@ class _SparseOperator:
         """Number of batched products per evaluation."""
         return int(self.coloring.ncolors)
 
-    def compressed(self, x: torch.Tensor) -> torch.Tensor:
+    def compressed(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         """The flat compressed product (batch-first layout of the coloring's plan)."""
         self._check(x)
-        return self._evaluate(lambda backend, state, dec, xf: backend.compute(state, xf), x)
+        call_args, _ = self._call_with(args, kwargs)
+        return self._evaluate(lambda backend, state, dec, xf: backend.compute(state, xf), x, call_args)
 
-    def values(self, x: torch.Tensor) -> torch.Tensor:
+    def values(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure.
 
-        With ``check=True`` (or ``"first"`` on the first call) the values are verified by
+        ``args``/``kwargs`` are ``f``'s extra, non-differentiated arguments (default: those given at
+        preparation). With ``check=True`` (or ``"first"`` on the first call), or extra arguments that
+        differ in more than float values from the prepared ones, the values are verified by
         :meth:`check` before they are returned; a failed check raises :class:`asd.CheckError`.
         """
         self._check(x)
-        vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x).to(self.dtype)
-        if self.check_mode is True or (self.check_mode == "first" and not self._checked):
-            self._verify(x, vals)
+        call_args, changed = self._call_with(args, kwargs)
+        vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
+        vals = vals.to(self.dtype)
+        if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
+            self._verify(x, vals, call_args)
         return vals
 
-    def check(self, x: torch.Tensor, values: torch.Tensor | None = None) -> CheckReport:
+    def check(self, x: torch.Tensor, values: torch.Tensor | None = None, *, args: tuple = (),
+              kwargs: dict | None = None) -> CheckReport:
         """Probe the derivative at ``x`` with one product of the other AD mode (see :mod:`asd.checks`).
 
         Returns the :class:`~asd.checks.CheckReport`; ``report.ok`` is ``False`` when the sparse
@@ -196,24 +238,44 @@ class _SparseOperator:
         hold at ``x``, a function changed since preparation, or a wrong AD formula in PyTorch).
         """
         self._check(x)
+        call_args, _ = self._call_with(args, kwargs or {})
+        return self._probe(x, values, call_args)
+
+    def _probe(self, x, values, call_args) -> CheckReport:
         if values is None:
-            values = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x).to(self.dtype)
+            values = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
+            values = values.to(self.dtype)
         with EVAL_LOCK:
+            self._call_args = call_args
             report = probe(self, x, values)
         self.last_check = report
         return report
 
-    def _verify(self, x: torch.Tensor, values: torch.Tensor) -> None:
-        report = self.check(x, values)
+    def rebind(self, f: Callable) -> "_SparseOperator":
+        """This operator's pattern, coloring and plan evaluating another function object, e.g. the
+        same ``lambda z: F(t, z)`` written anew: nothing is detected or colored again."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.f = f
+        new._guard = ModuleStateGuard(f)
+        new._g = new._flat(f)
+        new.last_check = None
+        new._with_grad = None
+        new.state = new.backend.init(new._g, new._x0, new.coloring, **new._options)
+        return new
+
+    def _verify(self, x: torch.Tensor, values: torch.Tensor, call_args=None) -> None:
+        report = self._probe(x, values, call_args or self._prepared_args)
         self._checked = True
         if not report.ok:
             raise CheckError(f"{self._what} failed its cross-mode check at this x ({report}). The sparsity "
                              "pattern does not hold here or the function changed since preparation: prepare "
                              "the operator again (for local=True at this point), or pass local=False.")
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """The derivative at ``x`` as a ``torch.sparse_csr`` tensor."""
-        return self.decompressor.csr(self.values(x))
+    def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """The derivative at ``x`` as a ``torch.sparse_csr`` tensor (``args``/``kwargs``: ``f``'s extra
+        arguments, see :meth:`values`)."""
+        return self.decompressor.csr(self.values(x, *args, **kwargs))
 
     def __reduce__(self):
         raise TypeError(f"a prepared {type(self).__name__} holds compiled functions and device tensors and cannot be "
@@ -254,6 +316,9 @@ class SparseJacobian(_SparseOperator):
         bool array); skips detection.
     backend
         An explicit evaluation backend (see :mod:`asd.backends`) for the chosen coloring.
+    args, kwargs
+        Extra arguments of ``f`` that are not differentiated (``f(x, *args, **kwargs)``), used for
+        detection; each call may pass others (``op(x, *args, **kwargs)``).
     check
         Verify calls with the cross-mode probe (:meth:`check`): ``False``, ``"first"`` (the first
         call only) or ``True`` (every call; the default with ``local=True`` or a user ``pattern``,
@@ -276,12 +341,14 @@ class SparseJacobian(_SparseOperator):
     def __init__(self, f: Callable, x: torch.Tensor, *, mode: str = "auto", coloring: str | None = None,
                  order: str = "natural", batch_size: int | None = None, compile: bool = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
-                 check: bool | str | None = None):
+                 check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None):
         from .coloring import color
         from .detection import jacobian_sparsity
         jacobian_pattern = lambda f, x, **kw: as_pattern(jacobian_sparsity(f, x, **kw))  # TEMPORARY-SHIM
 
-        self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict)
+        self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
+                         kwargs=kwargs)
+        fx = self._bound(f)
         check_choice("mode", mode, MODES)
         if coloring is not None:
             check_choice("coloring (of a Jacobian)", coloring, JACOBIAN_COLORINGS)
@@ -290,14 +357,14 @@ class SparseJacobian(_SparseOperator):
             if P.shape[1] != x.numel():
                 raise InputError(f"the given pattern has {P.shape[1]} columns but x has {x.numel()} elements")
             with torch.no_grad():
-                y = f(x)
+                y = fx(x)
             m = y.numel() if isinstance(y, torch.Tensor) else None
             if m != P.shape[0]:
                 raise InputError(f"the given pattern has {P.shape[0]} rows but f(x) has "
                                  f"{m if m is not None else 'no tensor'} elements")
             return P.with_shapes(tuple(x.shape), tuple(y.shape))
 
-        self._prepare_pattern(lambda: jacobian_pattern(f, x, local=local, strict=strict), pattern, conform)
+        self._prepare_pattern(lambda: jacobian_pattern(fx, x, local=local, strict=strict), pattern, conform)
         problem = coloring or {"forward": "column", "reverse": "row"}.get(mode)
 
         def choose():
@@ -311,7 +378,10 @@ class SparseJacobian(_SparseOperator):
         result = self._choose_coloring(choose)
         self._order = order
         check = _check_option(check, default=local or self._user_pattern)
-        self._setup(flatten_function(f, x.shape), result, x, backend, batch_size, compile, check)
+        self._setup(self._flat(f), result, x, backend, batch_size, compile, check)
+
+    def _flat(self, f: Callable) -> Callable:
+        return flatten_function(self._bound(f), self.shape)
 
     @property
     def mode(self) -> str:
@@ -365,7 +435,7 @@ class SparseHessian(_SparseOperator):
         ``"forward_over_reverse"`` (``jvp`` of ``grad``, the default) or ``"reverse_over_forward"``
         (``grad`` of ``jvp``: often faster eagerly, but PyTorch's double-backward formulas of a few
         ops (``cumprod`` at a zero) give NaN where forward-over-reverse is exact).
-    batch_size, compile, local, strict, pattern, backend, check
+    batch_size, compile, local, strict, pattern, backend, check, args, kwargs
         As for :class:`SparseJacobian`.
 
     Attributes
@@ -382,12 +452,14 @@ class SparseHessian(_SparseOperator):
     def __init__(self, f: Callable, x: torch.Tensor, *, coloring: str | None = None, order: str = "natural",
                  hvp: str = "forward_over_reverse", batch_size: int | None = None, compile: bool = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
-                 check: bool | str | None = None):
+                 check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None):
         from .coloring import color, symmetric_pattern
         from .detection import hessian_sparsity
         hessian_pattern = lambda f, x, **kw: as_pattern(hessian_sparsity(f, x, **kw))  # TEMPORARY-SHIM
 
-        self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict)
+        self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
+                         kwargs=kwargs)
+        fx = self._bound(f)
         if coloring is not None:
             check_choice("coloring (of a Hessian)", coloring, HESSIAN_COLORINGS)
         check_choice("hvp", hvp, HVP_MODES)
@@ -396,7 +468,7 @@ class SparseHessian(_SparseOperator):
                 raise InputError(f"a Hessian pattern must be ({x.numel()}, {x.numel()}), got {P.shape}")
             return symmetric_pattern(P).with_shapes(tuple(x.shape), tuple(x.shape))
 
-        self._prepare_pattern(lambda: hessian_pattern(f, x, local=local, strict=strict), pattern, conform)
+        self._prepare_pattern(lambda: hessian_pattern(fx, x, local=local, strict=strict), pattern, conform)
         if coloring is None and x.dtype != torch.float64:
             coloring = "star"  # substitution accumulates rounding: in low precision only on request
 
@@ -411,9 +483,8 @@ class SparseHessian(_SparseOperator):
 
         result = self._choose_coloring(choose)
         self.hvp = hvp
-        self._g = scalar_function(f, x.shape)
+        self._g = self._flat(f)
         self._batch_size, self._compile = batch_size, compile
-        self._with_grad: BatchedProducts | None = None
         check = _check_option(check, default=local or self._user_pattern)
         self._setup(self._g, result, x, backend, batch_size, compile, check, hvp=HVP_BACKENDS[hvp])
 
@@ -424,26 +495,39 @@ class SparseHessian(_SparseOperator):
         return ([(lambda cls=cls: (coloring, default_backend(coloring, batch_size=batch_size, hvp=cls)))
                  for cls in flavours] + [lambda: (coloring, AutogradLoop())])
 
-    def value_grad_hessian(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(f(x), grad f(x), Hessian)`` from one batched forward-over-reverse evaluation.
+    def _flat(self, f: Callable) -> Callable:
+        return scalar_function(self._bound(f), self.shape)
+
+    def value_grad_hessian(self, x: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(f(x), grad f(x), Hessian)``: from one batched forward-over-reverse evaluation when that
+        is the operator's strategy, otherwise the Hessian and one gradient evaluation.
 
         The gradient has ``x``'s shape; the Hessian is ``torch.sparse_csr``.
         """
         self._check(x)
-        xf = _private(x)
-        if self.ncolors == 0:
-            value, grad = torch.func.grad_and_value(self._g)(xf)[::-1]
-            return value, grad.reshape(self.shape), self.decompressor.csr(xf.new_zeros(0))
+        call_args, changed = self._call_with(args, kwargs)
+        one_pass = (self._settled and self.ncolors > 0
+                    and isinstance(getattr(self.backend, "inner", self.backend), ForwardOverReverseHVP))
+        if not one_pass:
+            H = self.values(x, *args, **kwargs)
+            with EVAL_LOCK, self._guard.protect():
+                self._call_args = call_args
+                grad, value = _grad_and_value(self._g, _private(x))
+            return value, grad.reshape(self.shape), self.decompressor.csr(H)
         if self._with_grad is None:
             self._with_grad = BatchedProducts(value_grad_hvp(self._g), self.coloring.seeds(x.dtype, x.device),
                                               batch_size=self._batch_size, compile=self._compile)
+        xf = _private(x)
         parts, value, grad = [], None, None
         with EVAL_LOCK, self._guard.protect():
+            self._call_args = call_args
             for seeds in self._with_grad.chunks():
                 value, grad, hs = self._with_grad.run(xf, seeds)
                 parts.append(hs.reshape(-1))
-        H = self.decompressor(torch.cat(parts) if len(parts) > 1 else parts[0])
-        return value, grad.reshape(self.shape), H
+        vals = self.decompressor.values(torch.cat(parts) if len(parts) > 1 else parts[0]).to(self.dtype)
+        if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
+            self._verify(x, vals, call_args)
+        return value, grad.reshape(self.shape), self.decompressor.csr(vals)
 
     def __repr__(self) -> str:
         n = self.pattern.shape[0]

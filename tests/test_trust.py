@@ -337,3 +337,38 @@ def test_forward_mode_never_writes_into_the_callers_input():
     J = asd.sparse_jacobian(f, x, mode="forward", cache=False)
     assert torch.equal(x, x0)
     torch.testing.assert_close(J.to_dense(), torch.diag(2 * torch.cos(2 * x0)))
+
+
+# -- extra arguments and functions written anew (the ODE right-hand side idiom) ----------------
+
+def rhs(t, y):
+    return torch.cat([-t * y[:1], y[:-1] * y[1:] * t])
+
+
+def test_lambda_written_anew_reuses_the_prepared_structure():
+    y = torch.rand(6, dtype=torch.float64)
+    asd.clear_cache()
+    for t in (0.5, 1.5, 2.5):
+        J = asd.sparse_jacobian(lambda z: rhs(t, z), y)
+        assert_jac(J, lambda z: rhs(t, z), y)
+    assert CACHE.misses == 1 and CACHE.hits == 2
+
+
+def test_extra_arguments_of_a_prepared_operator():
+    def f(x, scale, idx=None):
+        return x[idx] * scale
+
+    idx = torch.tensor([0, 2, 4])
+    op = asd.prepare_jacobian(f, X, args=(2.0,), kwargs={"idx": idx})
+    assert_jac(op(X), lambda z: f(z, 2.0, idx=idx), X)
+    assert_jac(op(X, 3.0, idx=idx), lambda z: f(z, 3.0, idx=idx), X)
+    assert op.last_check is None  # only a float changed: no probe needed
+    with pytest.raises(CheckError):  # other indices: the pattern no longer holds, and the probe says so
+        op(X, 3.0, idx=torch.tensor([1, 3, 5]))
+
+
+def test_sparse_jacobian_with_args():
+    J = asd.sparse_jacobian(lambda y, t: rhs(t, y), X, args=(0.7,))
+    assert_jac(J, lambda z: rhs(0.7, z), X)
+    H = asd.sparse_hessian(lambda y, t: (rhs(t, y) ** 2).sum(), X, args=(0.3,))
+    torch.testing.assert_close(H.to_dense(), torch.func.hessian(lambda z: (rhs(0.3, z) ** 2).sum())(X))

@@ -11,22 +11,17 @@ from typing import Callable
 
 import numpy as np
 import scipy.optimize as so
-import scipy.sparse as sp
 import torch
 
-from ..operators import SparseHessian, SparseJacobian
+from ..errors import InputError
+from ..operators import SparseJacobian
+from ..scipy import csr
 
 
 def _wrap(f: Callable, shape, dtype=torch.float64):
     def fn(z: np.ndarray) -> torch.Tensor:
         return f(torch.as_tensor(z, dtype=dtype).reshape(shape))
     return fn
-
-
-def _csr(op, values: torch.Tensor) -> sp.csr_array:
-    """Values in the operator's CSR order (its coloring's canonical pattern) as a SciPy matrix."""
-    c = op.coloring
-    return sp.csr_array((values.detach().cpu().numpy(), c.indices, c.indptr), shape=tuple(c.shape))
 
 
 def least_squares(fun: Callable, x0, **kwargs) -> so.OptimizeResult:
@@ -45,44 +40,50 @@ def least_squares(fun: Callable, x0, **kwargs) -> so.OptimizeResult:
         return g(z).detach().reshape(-1).numpy()
 
     def jac(z):
-        return _csr(J, J.values(torch.as_tensor(z, dtype=torch.float64).reshape(x0.shape)))
+        return csr(J, J.values(torch.as_tensor(z, dtype=torch.float64).reshape(x0.shape)))
 
     kwargs.setdefault("method", "trf")
     kwargs.setdefault("tr_solver", "lsmr")
     return so.least_squares(residual, x0.reshape(-1).numpy(), jac=jac, **kwargs)
 
 
+#: methods of ``scipy.optimize.minimize`` by what they take besides the gradient
+SPARSE_HESS_METHODS = ("trust-constr", "newton-cg")      # a scipy.sparse Hessian
+HESSP_METHODS = ("trust-ncg", "trust-krylov")            # Hessian-vector products
+DENSE_HESS_METHODS = ("trust-exact", "dogleg")           # factorize a dense Hessian
+GRADIENT_FREE = ("nelder-mead", "powell", "cobyla", "cobyqa")
+#: the largest n for which a dense Hessian is formed for DENSE_HESS_METHODS
+MAX_DENSE_HESSIAN = 4000
+
+
 def minimize(fun: Callable, x0, *, method: str = "trust-constr", **kwargs) -> so.OptimizeResult:
-    """``scipy.optimize.minimize`` with the exact gradient and sparse Hessian from asd.
+    """``scipy.optimize.minimize`` with the exact gradient and the sparse Hessian from asd.
 
-    ``fun`` is a scalar PyTorch function of one tensor shaped like ``x0``. The gradient and the
-    Hessian come from one prepared :class:`asd.SparseHessian`; methods that take ``hess``
-    (``"trust-constr"``, ``"Newton-CG"``, ``"trust-krylov"``, ...) receive the sparse Hessian.
-    ``asd_options`` (a dict) goes to :class:`asd.SparseHessian`.
+    ``fun`` is a scalar PyTorch function of one tensor shaped like ``x0``. Each method gets what it
+    takes: the gradient (``jac``) for every gradient-based method; the sparse Hessian for
+    ``trust-constr`` and ``Newton-CG``; Hessian-vector products from the cached sparse Hessian for
+    ``trust-ncg`` and ``trust-krylov``; a dense Hessian for ``trust-exact`` and ``dogleg`` (for
+    ``n <= MAX_DENSE_HESSIAN``). Value and gradient come from one evaluation per point, the Hessian
+    only when the method asks for it, once per point. ``asd_options`` (a dict) goes to
+    :class:`asd.SparseHessian`.
     """
+    from .. import scipy as asd_scipy
+
     opts = kwargs.pop("asd_options", {})
-    x0 = torch.as_tensor(x0, dtype=torch.float64)
-    H = SparseHessian(fun, x0, **opts)
-    cache: dict = {}
-
-    def evaluate(z):
-        key = z.tobytes()
-        if cache.get("key") != key:
-            value, grad, hess = H.value_grad_hessian(torch.as_tensor(z, dtype=torch.float64).reshape(x0.shape))
-            cache.update(key=key, value=float(value), grad=grad.detach().reshape(-1).numpy(),
-                         hess=_csr(H, hess.values()))
-        return cache
-
-    def f(z):
-        return evaluate(z)["value"]
-
-    def jac(z):
-        return evaluate(z)["grad"]
-
-    def hess(z):
-        return evaluate(z)["hess"]
-
-    takes_hess = method.lower() in ("trust-constr", "newton-cg", "trust-krylov", "trust-exact", "trust-ncg", "dogleg")
-    if takes_hess:
-        kwargs.setdefault("hess", hess)
-    return so.minimize(f, x0.reshape(-1).numpy(), jac=jac, method=method, **kwargs)
+    x0 = torch.as_tensor(np.asarray(x0), dtype=torch.float64)
+    n = x0.numel()
+    s = asd_scipy._Scalar(fun, x0, 0, (), torch.float64, "cpu", opts)
+    name = method.lower() if isinstance(method, str) else ""
+    if name in GRADIENT_FREE or not isinstance(method, str):
+        return so.minimize(lambda z: s.value_and_grad(z)[0], x0.reshape(-1).numpy(), method=method, **kwargs)
+    if name in SPARSE_HESS_METHODS:
+        kwargs.setdefault("hess", s.hessian)
+    elif name in HESSP_METHODS:
+        kwargs.setdefault("hessp", lambda z, p, *a: s.hessian(z, *a) @ np.asarray(p, dtype=float))
+    elif name in DENSE_HESS_METHODS:
+        if n > MAX_DENSE_HESSIAN:
+            raise InputError(f"method={method!r} factorizes a dense Hessian, impractical for n={n}; use "
+                             "'trust-krylov' (Hessian-vector products) or 'trust-constr' (sparse Hessian)")
+        kwargs.setdefault("hess", lambda z, *a: s.hessian(z, *a).toarray())
+    return so.minimize(lambda z, *a: s.value_and_grad(z, *a)[0], x0.reshape(-1).numpy(), method=method,
+                       jac=lambda z, *a: s.value_and_grad(z, *a)[1], **kwargs)

@@ -1,0 +1,169 @@
+"""SciPy interop: asd derivatives as the callables SciPy's solvers take.
+
+Each factory prepares one operator for a PyTorch function and returns a plain callable that
+accepts numpy arrays and returns what SciPy expects (``scipy.sparse.csr_array`` Jacobians and
+Hessians, numpy gradients and Hessian-vector products)::
+
+    jac = asd.scipy.jac(F, y0, argnum=1)            # F(t, y), for solve_ivp(fun, ..., jac=jac)
+    sol = solve_ivp(asd.scipy.fun(F, argnum=1), (0, 1), y0, method="BDF", jac=jac)
+    least_squares(asd.scipy.fun(r), x0, jac=asd.scipy.jac(r, x0))
+    minimize(asd.scipy.fun(f), x0, jac=asd.scipy.grad(f, x0), hess=asd.scipy.hess(f, x0), method="trust-constr")
+    minimize(asd.scipy.fun(f), x0, jac=asd.scipy.grad(f, x0), hessp=asd.scipy.hessp(f, x0), method="trust-krylov")
+    root(asd.scipy.fun(F), x0, jac=asd.scipy.jac(F, x0))
+
+``argnum`` says which argument of ``f`` is differentiated (``solve_ivp`` calls ``jac(t, y)``:
+``argnum=1``); the other arguments are passed through unchanged (numpy scalars and arrays are
+turned into tensors of the variable's dtype). The function is evaluated in float64 on the CPU
+unless ``dtype``/``device`` say otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .operators import SparseHessian, SparseJacobian
+
+__all__ = ["fun", "jac", "grad", "hess", "hessp", "csr"]
+
+
+def csr(op, values: torch.Tensor) -> sp.csr_array:
+    """An operator's values (CSR order of its pattern) as a ``scipy.sparse.csr_array``."""
+    P = op.coloring.pattern
+    return sp.csr_array((values.detach().cpu().numpy(), P.indices.copy(), P.indptr.copy()), shape=P.shape)
+
+
+class _Adapter:
+    """Calls ``f`` with the differentiated argument at ``argnum`` and the others as given."""
+
+    def __init__(self, f: Callable, argnum: int, shape, dtype, device):
+        if not isinstance(argnum, int) or isinstance(argnum, bool) or argnum < 0:
+            raise TypeError(f"argnum must be a non-negative int (the position of the variable), got {argnum!r}")
+        self.f, self.argnum, self.shape, self.dtype, self.device = f, argnum, tuple(shape), dtype, device
+
+    def tensor(self, z) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(z), dtype=self.dtype, device=self.device).reshape(self.shape)
+
+    def other(self, a):
+        if isinstance(a, np.ndarray):
+            return torch.as_tensor(a, device=self.device)
+        return float(a) if isinstance(a, np.floating) else a
+
+    def split(self, call_args: tuple):
+        if len(call_args) <= self.argnum:
+            raise TypeError(f"expected at least {self.argnum + 1} positional arguments (the variable at argnum="
+                            f"{self.argnum}), got {len(call_args)}")
+        z = call_args[self.argnum]
+        others = tuple(self.other(a) for i, a in enumerate(call_args) if i != self.argnum)
+        return z, others
+
+    def of_variable(self, z: torch.Tensor, *others):
+        k = self.argnum
+        return self.f(*others[:k], z, *others[k:])
+
+
+def _example(x0, dtype, device) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(x0), dtype=dtype, device=device)
+
+
+def fun(f: Callable, *, argnum: int = 0, dtype=torch.float64, device="cpu") -> Callable:
+    """``f`` (a PyTorch function) as a numpy function: ``fun(*args) -> np.ndarray`` (a float for a
+    one-element output), with the variable at ``argnum``."""
+    ad = _Adapter(f, argnum, (-1,), dtype, device)
+
+    def numpy_f(*args):
+        z, others = ad.split(args)
+        out = ad.of_variable(torch.as_tensor(np.asarray(z), dtype=dtype, device=device), *others)
+        out = out.detach().cpu().numpy()
+        return float(out) if out.ndim == 0 else out
+    return numpy_f
+
+
+def jac(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.float64, device="cpu",
+        **options) -> Callable:
+    """A Jacobian callable for SciPy: ``jac(*call_args) -> scipy.sparse.csr_array`` of ``f`` with
+    respect to the argument at ``argnum`` (shaped like ``x0``). ``args`` are example values of the
+    other arguments, used to detect the pattern (default: SciPy passes them at call time; for
+    ``solve_ivp`` give ``args=(t0,)``). ``options`` go to :class:`asd.SparseJacobian`."""
+    x = _example(x0, dtype, device)
+    ad = _Adapter(f, argnum, x.shape, dtype, device)
+    others = tuple(ad.other(a) for a in args) if args else ((0.0,) * argnum)
+    op = SparseJacobian(lambda z, *o: ad.of_variable(z, *o).reshape(-1), x, args=others, **options)
+
+    def jacobian(*call_args):
+        z, o = ad.split(call_args)
+        return csr(op, op.values(ad.tensor(z), *o))
+    jacobian.operator = op
+    return jacobian
+
+
+class _Scalar:
+    """Value, gradient and Hessian of a scalar ``f`` at the last ``x``, each computed once and only
+    when asked for (L-BFGS-B never pays for a Hessian)."""
+
+    def __init__(self, f: Callable, x0, argnum: int, args: tuple, dtype, device, options: dict):
+        x = _example(x0, dtype, device)
+        self.ad = _Adapter(f, argnum, x.shape, dtype, device)
+        self.others0 = tuple(self.ad.other(a) for a in args)
+        self.x0, self.options, self._op = x, options, None
+        self._key = self._value = self._grad = self._hess = None
+
+    @property
+    def op(self) -> SparseHessian:
+        if self._op is None:
+            self._op = SparseHessian(lambda z, *o: self.ad.of_variable(z, *o), self.x0, args=self.others0,
+                                     **self.options)
+        return self._op
+
+    def _at(self, call_args):
+        z, others = self.ad.split(call_args) if call_args else (None, ())
+        key = (np.asarray(z).tobytes(), repr(others))
+        if key != self._key:
+            self._key, self._value, self._grad, self._hess = key, None, None, None
+        return self.ad.tensor(z), others or self.others0
+
+    def value_and_grad(self, *call_args):
+        x, others = self._at(call_args)
+        if self._grad is None:
+            g = lambda v: self.ad.of_variable(v, *others).reshape(())  # noqa: E731
+            grad, value = torch.func.grad_and_value(g)(x)
+            self._value, self._grad = float(value), grad.detach().reshape(-1).cpu().numpy()
+        return self._value, self._grad
+
+    def hessian(self, *call_args) -> sp.csr_array:
+        x, others = self._at(call_args)
+        if self._hess is None:
+            self._hess = csr(self.op, self.op.values(x, *others))
+        return self._hess
+
+
+def grad(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.float64, device="cpu") -> Callable:
+    """``grad(*call_args) -> np.ndarray``: the gradient of the scalar ``f`` (``jac=`` of ``minimize``)."""
+    s = _Scalar(f, x0, argnum, args, dtype, device, {})
+    return lambda *a: s.value_and_grad(*a)[1]
+
+
+def hess(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.float64, device="cpu",
+         **options) -> Callable:
+    """``hess(*call_args) -> scipy.sparse.csr_array``: the sparse Hessian of the scalar ``f``."""
+    s = _Scalar(f, x0, argnum, args, dtype, device, options)
+    return s.hessian
+
+
+def hessp(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.float64, device="cpu",
+          **options) -> Callable:
+    """``hessp(x, p, *args) -> np.ndarray``: the Hessian times ``p`` from the sparse Hessian at ``x``
+    (computed once per ``x``, then one sparse product per ``p``)."""
+    s = _Scalar(f, x0, argnum, args, dtype, device, options)
+
+    def product(*call_args):
+        if len(call_args) < 2:
+            raise TypeError("hessp is called as hessp(x, p, *args)")
+        rest = call_args[:argnum] + call_args[argnum + 2:]
+        z, p = call_args[argnum], call_args[argnum + 1]
+        H = s.hessian(*(rest[:argnum] + (z,) + rest[argnum:]))
+        return H @ np.asarray(p, dtype=float).reshape(-1)
+    return product

@@ -1,0 +1,117 @@
+"""asd inside SciPy the way SciPy's users write it: every minimize method that takes jac, hess or
+hessp; solve_ivp's stiff methods, least_squares and root with asd.scipy callables. Results are
+checked against the known optimum / dense references in float64."""
+
+import numpy as np
+import pytest
+import scipy.optimize as so
+import scipy.sparse as sp
+import torch
+from scipy.integrate import solve_ivp
+
+import asd
+import asd.scipy
+from asd.problems import rosenbrock
+from asd.solvers import minimize
+
+GRADIENT_METHODS = ["CG", "BFGS", "L-BFGS-B", "TNC", "SLSQP"]
+HESSIAN_METHODS = ["Newton-CG", "trust-constr", "trust-ncg", "trust-krylov", "trust-exact", "dogleg"]
+
+
+@pytest.mark.parametrize("method", GRADIENT_METHODS + HESSIAN_METHODS)
+def test_minimize_every_method(method):
+    if method == "dogleg":  # needs a positive definite Hessian everywhere on its path
+        f = lambda x: ((x - 1) ** 2).sum() + 0.1 * (x[1:] * x[:-1]).sum() + (x ** 4).sum() * 0.01  # noqa: E731
+        x0 = np.zeros(12)
+    else:
+        f, x0 = rosenbrock, np.full(12, 0.5)
+    res = minimize(f, x0, method=method, tol=1e-10, options={"maxiter": 5000})
+    ref = so.minimize(lambda z: float(f(torch.tensor(z))), x0, method="BFGS", tol=1e-12,
+                      jac=lambda z: torch.func.grad(f)(torch.tensor(z)).numpy())
+    np.testing.assert_allclose(res.x, ref.x, atol=2e-4)
+
+
+def test_gradient_methods_never_compute_a_hessian(monkeypatch):
+    calls = []
+    real = asd.scipy._Scalar.hessian
+    monkeypatch.setattr(asd.scipy._Scalar, "hessian", lambda self, *a: calls.append(1) or real(self, *a))
+    minimize(rosenbrock, np.full(10, 0.5), method="L-BFGS-B")
+    assert not calls
+
+
+def test_value_and_gradient_share_one_evaluation():
+    count = [0]
+
+    def f(x):
+        count[0] += 1
+        return rosenbrock(x)
+
+    s = asd.scipy._Scalar(f, np.full(5, 0.3), 0, (), torch.float64, "cpu", {})
+    z = np.full(5, 0.7)
+    s.value_and_grad(z)
+    before = count[0]
+    s.value_and_grad(z)
+    assert count[0] == before
+
+
+def test_dense_hessian_methods_refuse_huge_problems(monkeypatch):
+    import asd.solvers.scipy as ss
+
+    monkeypatch.setattr(ss, "MAX_DENSE_HESSIAN", 5)
+    with pytest.raises(asd.InputError, match="trust-krylov"):
+        minimize(rosenbrock, np.full(10, 0.5), method="trust-exact")
+
+
+def robertson(t, y):
+    k1, k2, k3 = 0.04, 3e7, 1e4
+    y1, y2, y3 = y[0::3], y[1::3], y[2::3]
+    d1 = -k1 * y1 + k3 * y2 * y3
+    d2 = k1 * y1 - k3 * y2 * y3 - k2 * y2 ** 2
+    d3 = k2 * y2 ** 2
+    return torch.stack([d1, d2, d3], dim=1).reshape(-1) * (1 + 0 * t)
+
+
+@pytest.mark.parametrize("method", ["BDF", "Radau"])
+def test_solve_ivp_with_sparse_jacobian(method):
+    y0 = np.tile([1.0, 0.0, 0.0], 4)
+    jac = asd.scipy.jac(robertson, y0, argnum=1, args=(0.0,))
+    fun = asd.scipy.fun(robertson, argnum=1)
+    J = jac(0.3, y0 + 0.1)
+    assert sp.issparse(J) and J.nnz < 12 * 12
+    dense = torch.autograd.functional.jacobian(lambda y: robertson(0.3, y), torch.tensor(y0 + 0.1))
+    np.testing.assert_allclose(J.toarray(), dense.numpy())
+    sol = solve_ivp(fun, (0, 10.0), y0, method=method, jac=jac, rtol=1e-8, atol=1e-10)
+    ref = solve_ivp(fun, (0, 10.0), y0, method=method, rtol=1e-8, atol=1e-10)
+    assert sol.success
+    np.testing.assert_allclose(sol.y[:, -1], ref.y[:, -1], rtol=1e-5, atol=1e-9)
+
+
+def test_least_squares_and_root():
+    def r(x):
+        return torch.cat([10 * (x[1:] - x[:-1] ** 2), 1 - x[:-1]])
+
+    x0 = np.full(15, -0.5)
+    res = so.least_squares(asd.scipy.fun(r), x0, jac=asd.scipy.jac(r, x0), xtol=1e-14, ftol=1e-14, gtol=1e-14)
+    np.testing.assert_allclose(res.x, np.ones(15), atol=1e-6)
+
+    def F(x):
+        return torch.cat([x[:1] - 2, x[1:] - 0.5 * x[:-1] ** 2])
+
+    sol = so.root(asd.scipy.fun(F), np.ones(6), jac=lambda z: asd.scipy.jac(F, np.ones(6))(z).toarray())
+    assert sol.success
+    np.testing.assert_allclose(F(torch.tensor(sol.x)).numpy(), 0, atol=1e-10)
+
+
+def test_hess_and_hessp_callables_with_extra_args():
+    def f(x, a):
+        return a * ((x[1:] - x[:-1] ** 2) ** 2).sum() + ((1 - x) ** 2).sum()
+
+    x0 = np.full(8, 0.3)
+    H = asd.scipy.hess(f, x0, args=(100.0,))(x0, 100.0)
+    dense = torch.autograd.functional.hessian(lambda z: f(z, 100.0), torch.tensor(x0)).numpy()
+    np.testing.assert_allclose(H.toarray(), dense)
+    p = np.arange(8.0)
+    np.testing.assert_allclose(asd.scipy.hessp(f, x0, args=(100.0,))(x0, p, 100.0), dense @ p)
+    res = so.minimize(asd.scipy.fun(f), x0, args=(100.0,), jac=asd.scipy.grad(f, x0, args=(100.0,)),
+                      hessp=asd.scipy.hessp(f, x0, args=(100.0,)), method="trust-krylov", tol=1e-10)
+    np.testing.assert_allclose(res.x, np.ones(8), atol=1e-5)

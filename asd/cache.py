@@ -8,7 +8,7 @@ What the cache observes, and so what it trusts:
 * the input's shape, dtype, device and ``requires_grad``, the grad mode and the options;
 * a fingerprint of what the function reads (:func:`fingerprint`): its code, closure cells,
   defaults, the globals it names, a bound method's object, and for ``nn.Module``s the training
-  flag and the identity, shape, dtype and version of parameters and buffers, the submodules and
+  flag, the names, shapes and dtypes of parameters and buffers, the submodules' identities and
   their plain attributes. Small integer tensors and arrays (indices) are hashed by content; float
   values (scalars and tensors) are not part of it: they change values, not sparsity.
 
@@ -37,6 +37,9 @@ _HASH_LIMIT = 1 << 16  # elements of an integer/bool tensor or array hashed by c
 
 
 def _tensor_fp(t: torch.Tensor):
+    if (t.is_floating_point() or t.is_complex()) and t.layout == torch.strided:
+        # float values change derivatives' values, never their sparsity: shape and type only
+        return ("float tensor", tuple(t.shape), str(t.dtype), str(t.device))
     meta = ("tensor", id(t), tuple(t.shape), str(t.dtype), str(t.device), t.layout, t._version)
     if t.layout == torch.strided and t.device.type == "cpu" and t.numel() <= _HASH_LIMIT and (
             not t.is_floating_point() and not t.is_complex()):

@@ -72,6 +72,43 @@ def total_variation(N: int, eps: float = 1e-2) -> Callable[[torch.Tensor], torch
     return f
 
 
+def cartpole(K: int):
+    """B5: cart-pole swing-up by trapezoidal direct collocation (PEERS.md; Kelly 2017).
+
+    Returns ``(objective, constraints, x0, lb, ub)`` for ``minimize objective(x)`` subject to
+    ``constraints(x) == 0`` and ``lb <= x <= ub``; ``x`` interleaves ``[q1, q2, q1', q2', u]`` for
+    ``k = 0..K`` (``n = 5 (K + 1)``, ``m = 4 K``). At K = 2000 the optimum is 58.80789827.
+    """
+    m1, m2, ell, g, T = 1.0, 0.3, 0.5, 9.81, 2.0
+    h = T / K
+
+    def dynamics(z: torch.Tensor) -> torch.Tensor:
+        q2, dq1, dq2, u = z[:, 1], z[:, 2], z[:, 3], z[:, 4]
+        s, c = torch.sin(q2), torch.cos(q2)
+        den = m1 + m2 * (1 - c * c)
+        ddq1 = (ell * m2 * s * dq2 * dq2 + u + m2 * g * c * s) / den
+        ddq2 = -(ell * m2 * c * s * dq2 * dq2 + u * c + (m1 + m2) * g * s) / (ell * den)
+        return torch.stack([dq1, dq2, ddq1, ddq2], dim=1)
+
+    def objective(x: torch.Tensor) -> torch.Tensor:
+        u = x.reshape(K + 1, 5)[:, 4]
+        return (h / 2) * (u[:-1] ** 2 + u[1:] ** 2).sum()
+
+    def constraints(x: torch.Tensor) -> torch.Tensor:
+        z = x.reshape(K + 1, 5)
+        f = dynamics(z)
+        return (z[1:, :4] - z[:-1, :4] - (h / 2) * (f[:-1] + f[1:])).reshape(-1)
+
+    x0 = np.zeros((K + 1, 5))
+    x0[:, 0] = np.linspace(0.0, 1.0, K + 1)
+    x0[:, 1] = np.linspace(0.0, np.pi, K + 1)
+    lb = np.full((K + 1, 5), -2e19)
+    ub = np.full((K + 1, 5), 2e19)
+    lb[:, 0], ub[:, 0] = -2.0, 2.0
+    lb[:, 4], ub[:, 4] = -20.0, 20.0
+    lb[0, :4] = ub[0, :4] = 0.0
+    lb[K, :4] = ub[K, :4] = (1.0, np.pi, 0.0, 0.0)
+    return objective, constraints, x0.reshape(-1), lb.reshape(-1), ub.reshape(-1)
 
 
 def banded_pattern(n: int, rho: int) -> sp.csr_array:

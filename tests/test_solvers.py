@@ -80,3 +80,50 @@ def test_ipopt_constrained_problem():
         x, info = prob.solve(x0, cl=np.ones(n // 2), cu=np.ones(n // 2), print_level=0, tol=1e-10)
     assert info["status"] == 0
     np.testing.assert_allclose(c(torch.tensor(x)).numpy(), 1.0, atol=1e-8)
+
+
+def test_ipopt_options_per_operator_and_bounds_only():
+    pytest.importorskip("cyipopt", reason="cyipopt is an optional extra (pip install cyipopt-wheels)")
+    from asd.solvers.ipopt import IpoptProblem
+
+    def f(x):
+        return ((x - 2) ** 2).sum() + (x[1:] * x[:-1]).sum() * 0.1
+
+    def c(x):
+        return x[0::2] ** 2 + x[1::2] ** 2
+
+    x0 = np.full(8, 0.5)
+    prob = IpoptProblem(f, c, x0, mode="reverse", hvp="reverse_over_forward",
+                        jacobian_options={"coloring": "bidirectional"}, hessian_options={"coloring": "acyclic"})
+    assert prob.jac.mode == "bidirectional" and prob.hess.hvp == "reverse_over_forward"
+    assert prob.hess.coloring.problem == "acyclic"
+    with pytest.raises(asd.InputError, match="jacobian_options"):
+        IpoptProblem(f, c, x0, coloring="star")
+    # bounds only: the unconstrained optimum clipped to the box
+    prob = IpoptProblem(f, None, x0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x, info = prob.solve(x0, lb=np.full(8, -1.0), ub=np.full(8, 1.5), print_level=0, tol=1e-10)
+    assert info["status"] == 0
+    grad = torch.func.grad(f)(torch.tensor(x)).numpy()
+    free = (x > -1 + 1e-6) & (x < 1.5 - 1e-6)
+    np.testing.assert_allclose(grad[free], 0, atol=1e-6)
+
+
+def test_ipopt_cartpole_small():
+    pytest.importorskip("cyipopt", reason="cyipopt is an optional extra (pip install cyipopt-wheels)")
+    from asd.problems import cartpole
+    from asd.solvers.ipopt import IpoptProblem
+
+    f, c, x0, lb, ub = cartpole(40)
+    prob = IpoptProblem(f, c, x0)
+    x0t = torch.tensor(x0)
+    lam = np.linspace(-1, 1, prob.m)
+    H = torch.autograd.functional.hessian(lambda v: 0.5 * f(v) + (torch.tensor(lam) * c(v)).sum(), x0t).numpy()
+    hr, hc = prob.hessianstructure()
+    np.testing.assert_allclose(prob.hessian(x0, lam, 0.5), H[hr, hc], atol=1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x, info = prob.solve(x0, lb=lb, ub=ub, print_level=0, tol=1e-8)
+    assert info["status"] == 0
+    np.testing.assert_allclose(np.abs(c(torch.tensor(x)).numpy()).max(), 0, atol=1e-7)

@@ -47,6 +47,21 @@ def _private(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1).clone()
 
 
+#: colorings that need more than this fraction of the columns (rows) warn: compression barely pays
+DENSE_WARNING_FRACTION = 0.5
+
+
+def _warn_if_dense(coloring, pattern: SparsityPattern) -> None:
+    nv = pattern.shape[1] if isinstance(coloring, (ColumnColoring, BiColoring)) else pattern.shape[0]
+    if nv >= 8 and coloring.ncolors > DENSE_WARNING_FRACTION * nv:
+        hint = ("coloring='bidirectional' reads dense rows and columns from the other mode; " if
+                not isinstance(coloring, BiColoring) else "")
+        warnings.warn(f"asd: the {coloring.problem} coloring needs {coloring.ncolors} products for {nv} "
+                      f"{'columns' if nv == pattern.shape[1] else 'rows'} (density {pattern.density:.2g}): "
+                      f"compression barely pays; {hint}dense AD (torch.func.jacrev/jacfwd) costs about the same",
+                      RuntimeWarning, stacklevel=4)
+
+
 def _grad_and_value(g: Callable, x: torch.Tensor):
     """``(grad g(x), g(x))`` with torch.func, or with plain autograd where torch.func refuses."""
     try:
@@ -342,7 +357,7 @@ class SparseJacobian(_SparseOperator):
                  order: str = "natural", batch_size: int | None = None, compile: bool = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
                  check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None):
-        from .coloring import color
+        from .coloring import color, hopeless
         from .detection import jacobian_sparsity
         jacobian_pattern = lambda f, x, **kw: as_pattern(jacobian_sparsity(f, x, **kw))  # TEMPORARY-SHIM
 
@@ -370,12 +385,16 @@ class SparseJacobian(_SparseOperator):
         def choose():
             if problem is not None:
                 return color(self.pattern, problem, order=order)
-            col = color(self.pattern, "column", order=order)
-            row = color(self.pattern, "row", order=order)
+            P = self.pattern
+            if hopeless(P, "column") and hopeless(P, "row"):  # dense AD on the smaller side
+                return color(P, "column" if P.shape[1] <= P.shape[0] else "row", order=order)
+            col = color(P, "column", order=order)
+            row = color(P, "row", order=order)
             # on a tie: reverse eagerly (one VJP batch shares one forward pass), forward when compiled
             return col if col.ncolors < row.ncolors or (col.ncolors == row.ncolors and compile) else row
 
         result = self._choose_coloring(choose)
+        _warn_if_dense(result, self.pattern)
         self._order = order
         check = _check_option(check, default=local or self._user_pattern)
         self._setup(self._flat(f), result, x, backend, batch_size, compile, check)
@@ -482,6 +501,7 @@ class SparseHessian(_SparseOperator):
             return acyclic if acyclic.ncolors < star.ncolors and shallow else star
 
         result = self._choose_coloring(choose)
+        _warn_if_dense(result, self.pattern)
         self.hvp = hvp
         self._g = self._flat(f)
         self._batch_size, self._compile = batch_size, compile

@@ -134,3 +134,36 @@ def test_load_refuses_other_files(tmp_path):
         asd.SparsityPattern.load(tmp_path / "x.npz")
     with raises("not an asd"):
         asd.coloring.load(tmp_path / "x.npz")
+
+
+# -- dense patterns: no hang, dense AD through the same pipeline, a warning ---------------------
+
+def test_dense_pattern_falls_back_to_one_color_each_without_hanging():
+    import time
+
+    n = 3000
+    P = sp.csr_array(np.ones((n // 10, n), dtype=bool))  # 300 dense rows: every column coloring needs n
+    t0 = time.perf_counter()
+    col = asd.color(P, "column")
+    assert time.perf_counter() - t0 < 1.0
+    assert col.ncolors == n and col.order == "dense"
+    row = asd.color(P, "row")
+    assert row.ncolors == n // 10 and row.order == "dense"
+    asd.coloring.check(P, col)
+    H = sp.csr_array(np.ones((400, 400), dtype=bool))
+    for problem in ("star", "acyclic"):
+        r = asd.color(H, problem)
+        assert r.ncolors == 400 and r.order == "dense"
+        asd.coloring.check(H, r)
+
+
+def test_dense_adjacency_model_jacobian():
+    torch.manual_seed(0)
+    A = (torch.rand(60, 60) < 0.05).double()
+    lin = torch.nn.Linear(4, 4).double()
+    X = torch.rand(60, 4, dtype=torch.float64)
+    f = lambda X: torch.relu(A @ lin(X))  # noqa: E731
+    with pytest.warns(RuntimeWarning, match="compression barely pays"):
+        op = asd.prepare_jacobian(f, X)
+    ref = torch.autograd.functional.jacobian(f, X).reshape(240, 240)
+    torch.testing.assert_close(op(X).to_dense(), ref)

@@ -22,6 +22,11 @@ PROBLEMS = ("column", "row", "star", "acyclic", "bidirectional")
 __all__ = ["color", "check", "Coloring", "ColumnColoring", "RowColoring", "StarColoring", "AcyclicColoring",
            "BiColoring", "ColumnSeeds", "RowSeeds", "ORDERS", "PROBLEMS", "save", "load"]
 
+#: a column (row) coloring is not attempted when some row (column) already holds this fraction of
+#: all columns (rows): it needs at least that many colors, so compression cannot pay, and the
+#: greedy kernel's cost grows with the square of that degree. One color per column (row) is used.
+DENSE_FRACTION = 0.5
+
 #: extra seeded random orders tried by ``order="best"``
 BEST_RANDOM_TRIES = 3
 #: recoloring rounds of ``order="best"`` (Culberson's iterated greedy) on small patterns
@@ -44,6 +49,33 @@ def _color_one(pattern, problem, order, seed, postprocess, perm=None) -> Colorin
     from asd.coloring.bidirectional import color_bidirectional
 
     return color_bidirectional(pattern, order, seed, postprocess, perm=perm)
+
+
+def lower_bound(pattern: SparsityPattern, problem: str) -> int:
+    """A lower bound of the colors: the densest row for a column coloring (and, of a symmetric
+    pattern, for star and acyclic colorings), the densest column for a row coloring."""
+    if problem != "row":
+        deg = np.diff(pattern.indptr)
+    else:
+        deg = np.bincount(pattern.indices, minlength=pattern.shape[1])
+    return int(deg.max()) if deg.size else 0
+
+
+def hopeless(pattern: SparsityPattern, problem: str) -> bool:
+    """Whether compression cannot pay (see :data:`DENSE_FRACTION`)."""
+    nv = pattern.shape[0] if problem == "row" else pattern.shape[1]
+    return nv > 0 and lower_bound(pattern, problem) >= max(2, DENSE_FRACTION * nv)
+
+
+def one_color_each(pattern: SparsityPattern, problem: str) -> Coloring:
+    """The uncompressed coloring (every column, row or vertex its own color): dense AD through the
+    same pipeline. Its ``order`` is ``"dense"``."""
+    nv = pattern.shape[0] if problem == "row" else pattern.shape[1]
+    colors = np.arange(nv, dtype=np.int64)
+    if problem == "star":
+        return StarColoring(pattern, "dense", colors, nv, np.ones(pattern.nnz, dtype=bool))
+    cls = {"column": ColumnColoring, "row": RowColoring, "acyclic": AcyclicColoring}[problem]
+    return cls(pattern, "dense", colors, nv)
 
 
 def symmetric_pattern(pattern: SparsityPattern) -> SparsityPattern:
@@ -110,6 +142,8 @@ def color(pattern, problem: str = "column", order: str = "natural", *, seed: int
         raise ColoringError(str(exc)) from exc
     if problem in ("star", "acyclic"):
         P = symmetric_pattern(P)
+    if problem != "bidirectional" and hopeless(P, problem):
+        return one_color_each(P, problem)
     seed = int(seed)
     if order != "best":
         return _color_one(P, problem, order, seed, postprocess)

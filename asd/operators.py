@@ -25,6 +25,7 @@ from .checks import CheckReport, checks_forced, probe
 from .backends.autograd_loop import AutogradLoop
 from .errors import AsdError, CheckError, InputError, TransformUnsupported
 from .guards import ModuleStateGuard
+from .memory import auto_batch_size
 from .options import check_batch_size, check_bool, check_choice
 from .patterns import SparsityPattern, as_pattern
 
@@ -157,11 +158,15 @@ class _SparseOperator:
         self._checked = False
         self.last_check: CheckReport | None = None
         self._settled = backend is not None  # a backend the user chose is never replaced
+        if batch_size == "auto":
+            m, n = coloring.shape
+            batch_size = auto_batch_size(coloring.ncolors, n, m, x.element_size(), x.device)
+        self.batch_size = batch_size
         if backend is None:
             kw = {} if hvp is None else {"hvp": hvp}
             backend = default_backend(coloring, batch_size=batch_size, **kw)
         self._x0 = x.detach().reshape(-1)
-        self._options = dict(batch_size=batch_size, compile=compile)
+        self._options = dict(batch_size=self.batch_size, compile=compile)
         self._adopt(coloring, backend)
         self.fallback_reason: str | None = None
 
@@ -319,7 +324,9 @@ class SparseJacobian(_SparseOperator):
     order
         Vertex order of the greedy coloring (see :data:`asd.coloring.ORDERS`, or ``"best"``).
     batch_size
-        Colors per batched call (bounds memory); ``None`` evaluates all colors at once.
+        Colors per batched call (bounds memory); ``None`` evaluates all colors at once; ``"auto"``
+        picks it from the memory free on ``x``'s device and the size of one product
+        (:mod:`asd.memory`); ``op.batch_size`` is the value in use.
     compile
         Evaluate through ``torch.compile`` (falls back to eager with a warning if it fails).
     local
@@ -504,7 +511,7 @@ class SparseHessian(_SparseOperator):
         _warn_if_dense(result, self.pattern)
         self.hvp = hvp
         self._g = self._flat(f)
-        self._batch_size, self._compile = batch_size, compile
+        self._compile = compile
         check = _check_option(check, default=local or self._user_pattern)
         self._setup(self._g, result, x, backend, batch_size, compile, check, hvp=HVP_BACKENDS[hvp])
 
@@ -536,7 +543,7 @@ class SparseHessian(_SparseOperator):
             return value, grad.reshape(self.shape), self.decompressor.csr(H)
         if self._with_grad is None:
             self._with_grad = BatchedProducts(value_grad_hvp(self._g), self.coloring.seeds(x.dtype, x.device),
-                                              batch_size=self._batch_size, compile=self._compile)
+                                              batch_size=self.batch_size, compile=self._compile)
         xf = _private(x)
         parts, value, grad = [], None, None
         with EVAL_LOCK, self._guard.protect():

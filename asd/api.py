@@ -142,13 +142,15 @@ def gradient_and_hessian(f: Callable, x: torch.Tensor, **options) -> tuple[torch
 
 def clear_cache() -> None:
     """Forget every cached prepared operator and every cached structure (prepared decompression
-    plans, transposes of sparse constants)."""
+    plans, transposes of sparse constants, ``asd.linalg``'s sparse structures)."""
+    from . import linalg
     from .backends.sparse_constants import clear_transposes
     from .decompression.device import clear_prepared
 
     CACHE.clear()
     clear_prepared()
     clear_transposes()
+    linalg.clear_cache()
 
 
 def to_scipy(t: torch.Tensor) -> sp.csr_array:

@@ -6,23 +6,35 @@ their stored entries (the projection P_S of the dense gradient onto the pattern)
 respect to dense operands are dense.  Backward passes are built from the same differentiable
 primitives, so double backward works where the math allows.
 
+Sparse inputs are validated when their structure is first seen: a CSR row storing one column
+twice, a COO tensor flagged coalesced whose indices are unsorted or repeated, and out-of-range
+indices are errors (uncoalesced COO is coalesced, summing duplicates, as torch does).
+
 Public API
 ----------
 matmul(A, B)                      SpMV, SpMM, dense @ sparse, SpSpMM
 sampled_matmul(U, V, pattern)     (U @ V) on a pattern's stored entries (SDDMM)
 add(A, B, alpha=1, beta=1)        sparse + sparse on the union pattern
 triangular_solve(L, b, upper=False, unit_diagonal=False, transpose=False)
-solve(A, b, method="direct" | "lu" | "cholesky" | "cg" | "bicgstab" | "minres" | "gmres" | "lsmr")
-cg, bicgstab, minres, gmres, lsmr   Krylov solves returning (x, SolveInfo)
+solve(A, b, solver=LU(), return_info=False)    any solver object, a prepared state, or a method
+                                  string ("direct" | "cholesky" | "cg" | "bicgstab" | "minres" |
+                                  "gmres" | "lsmr")
+LU, Cholesky, CG, BiCGStab, MINRES, GMRES, LSMR   immutable solvers: init(A) -> state,
+                                  compute(state, b) -> (x, SolveInfo), transpose(state)
+SolveInfo, SolverState, SingularMatrixError
 with_values(A, values)            A's pattern with new values, differentiable to any order
+clear_cache()                     drop the cached sparse structures
 """
 
-from asd.linalg._sparse import with_values
-from asd.linalg.krylov import SolveInfo
+from asd.linalg._sparse import clear_cache, with_values
+from asd.linalg.base import SingularMatrixError, SolveInfo, Solver, SolverState
+from asd.linalg.direct import LU, Cholesky
+from asd.linalg.iterative import CG, GMRES, LSMR, MINRES, BiCGStab
 from asd.linalg.products import matmul, sampled_matmul
-from asd.linalg.solve import bicgstab, cg, gmres, lsmr, minres, solve
+from asd.linalg.solve import solve
 from asd.linalg.sums import add
 from asd.linalg.triangular import triangular_solve
 
-__all__ = ["matmul", "sampled_matmul", "add", "triangular_solve", "solve", "cg", "bicgstab",
-           "minres", "gmres", "lsmr", "SolveInfo", "with_values"]
+__all__ = ["matmul", "sampled_matmul", "add", "triangular_solve", "solve", "Solver", "SolverState",
+           "SolveInfo", "SingularMatrixError", "LU", "Cholesky", "CG", "BiCGStab", "MINRES",
+           "GMRES", "LSMR", "with_values", "clear_cache"]

@@ -39,6 +39,15 @@ def _use_numba(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) and bool(_numba())
 
 
+def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two index tensors hold the same values (Numba on CPU: torch.equal is ~6x slower)."""
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    if a.device.type == "cpu" and _numba() and a.is_contiguous() and b.is_contiguous():
+        return bool(_numba().equal(a.reshape(-1).numpy(), b.reshape(-1).numpy()))
+    return torch.equal(a, b)
+
+
 def spmm(P, vals: torch.Tensor, X: torch.Tensor, trans: bool = False) -> torch.Tensor:
     """``A @ X`` (or ``A^T @ X``) for flat values ``vals`` of pattern ``P``; ``X`` is ``(rows, k)``."""
     vals = vals.detach()

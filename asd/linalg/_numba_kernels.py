@@ -227,3 +227,12 @@ def trsv_vec_t(crow, col, vals, x, lower, unit):
             if j != i:
                 x[j] -= vals[p] * xi
     return -1
+
+
+@njit(cache=True, nogil=True)
+def equal(a, b):
+    """``a == b`` elementwise for equal-length 1-D arrays, stopping at the first difference."""
+    for i in range(a.shape[0]):
+        if a[i] != b[i]:
+            return False
+    return True

@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from asd.errors import InputError
+from asd.linalg import _kernels as K
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
 _CACHE: "OrderedDict[tuple, Pattern]" = OrderedDict()
-_CACHE_SIZE = 32                 # patterns kept (they hold references to their index tensors)
+_CACHE_SIZE = 32                 # patterns kept (each holds a private copy of its indices)
 _CACHE_NNZ = 30_000_000          # ... and at most this many stored entries in all
 
 
@@ -181,46 +182,28 @@ def check_sparse(A: Any, name: str = "A") -> None:
         raise InputError(f"{name}: hybrid sparse tensors with dense dimensions are not supported")
 
 
-def get_pattern(A: torch.Tensor) -> Pattern:
-    """The (cached) :class:`Pattern` of a sparse COO or CSR tensor."""
+def get_pattern(A: torch.Tensor, name: str = "A") -> Pattern:
+    """The (cached) :class:`Pattern` of a sparse COO or CSR tensor, validated when first built.
+
+    Cache entries are found by the identity of A's index tensors and re-validated on every hit by
+    comparing their contents with the pattern's private copy: index buffers rewritten behind
+    torch's back (through ``.numpy()``, which does not bump ``_version``) build a fresh pattern.
+    """
     if A.layout == torch.sparse_csr:
         crow, col = A.crow_indices(), A.col_indices()
         key = ("csr", tuple(A.shape), crow.data_ptr(), col.data_ptr(), crow._version,
                col._version, col.numel(), str(A.device))
-        P = _cached_pattern(key)
+        P = _cached_pattern(key, (crow, col))
         if P is not None:
             return P
-        if A.dim() == 3:
-            B, n, m = A.shape
-            k = col.shape[-1]
-            offs = torch.arange(B, device=crow.device).unsqueeze(1)
-            fcrow = torch.cat([(crow[:, :-1] + offs * k).reshape(-1),
-                               torch.tensor([B * k], device=crow.device)]).to(torch.int64)
-            fcol = (col + offs * m).reshape(-1).to(torch.int64)
-            P = Pattern(A.layout, A.shape, fcrow, fcol, orig=(crow, col), batch=B)
-        else:
-            P = Pattern(A.layout, A.shape, crow.to(torch.int64), col.to(torch.int64),
-                        orig=(crow, col), batch=None)
+        P = _csr_pattern(A, crow, col, name)
     else:
         idx = A._indices()
         key = ("coo", tuple(A.shape), idx.data_ptr(), idx._version, idx.shape[1], str(A.device))
-        P = _cached_pattern(key)
+        P = _cached_pattern(key, (idx,))
         if P is not None:
             return P
-        if A.dim() == 3:
-            B, n, m = A.shape
-            row = idx[0] * n + idx[1]
-            col = idx[0] * m + idx[2]
-            nrows = B * n
-        else:
-            B = None
-            row, col = idx[0], idx[1]
-            nrows = A.shape[0]
-        counts = torch.bincount(row, minlength=nrows)
-        crow = torch.zeros(nrows + 1, dtype=torch.int64, device=idx.device)
-        crow[1:] = torch.cumsum(counts, 0)
-        P = Pattern(A.layout, A.shape, crow, col.contiguous(), orig=(idx,), batch=B)
-        P._cache["row"] = row.contiguous()
+        P = _coo_pattern(A, idx, name)
     _CACHE[key] = P
     total = sum(p.nnz for p in _CACHE.values())
     while len(_CACHE) > 1 and (len(_CACHE) > _CACHE_SIZE or total > _CACHE_NNZ):
@@ -228,12 +211,100 @@ def get_pattern(A: torch.Tensor) -> Pattern:
     return P
 
 
-def _cached_pattern(key):
-    """A cached pattern, marked most recently used (entries keep their index tensors alive, so a
-    key's ``data_ptr`` cannot be reused by another tensor while it is cached)."""
+def _csr_pattern(A: torch.Tensor, crow: torch.Tensor, col: torch.Tensor, name: str) -> Pattern:
+    crow, col = crow.clone(), col.clone()          # private: the cache must not alias user buffers
+    n, m = A.shape[-2], A.shape[-1]
+    if A.dim() == 3:
+        B = A.shape[0]
+        k = col.shape[-1]
+        offs = torch.arange(B, device=crow.device).unsqueeze(1)
+        fcrow = torch.cat([(crow[:, :-1] + offs * k).reshape(-1),
+                           torch.tensor([B * k], device=crow.device)]).to(torch.int64)
+        fcol = (col + offs * m).reshape(-1).to(torch.int64)
+    else:
+        B = None
+        fcrow, fcol = crow.to(torch.int64), col.to(torch.int64)
+    _check_csr_indices(crow, col, n, m, name)
+    P = Pattern(A.layout, A.shape, fcrow, fcol, orig=(crow, col), batch=B)
+    _check_unique(P, name, "a repeated column index in one row",
+                  f"sum the duplicates first, e.g. {name}.to_sparse_coo().coalesce().to_sparse_csr()")
+    return P
+
+
+def _check_csr_indices(crow: torch.Tensor, col: torch.Tensor, n: int, m: int, name: str) -> None:
+    bad = None
+    if crow.shape[-1] != n + 1:
+        bad = f"crow_indices has {crow.shape[-1]} entries per matrix, expected {n + 1}"
+    elif bool((crow[..., 0] != 0).any()) or bool((crow[..., -1] != col.shape[-1]).any()):
+        bad = "crow_indices must start at 0 and end at the number of stored entries"
+    elif bool((crow[..., 1:] < crow[..., :-1]).any()):
+        bad = "crow_indices must be non-decreasing"
+    elif col.numel() and (int(col.min()) < 0 or int(col.max()) >= m):
+        bad = f"col_indices must lie in [0, {m})"
+    if bad is not None:
+        raise InputError(f"{name} is not a valid CSR tensor: {bad}")
+
+
+def _coo_pattern(A: torch.Tensor, idx: torch.Tensor, name: str) -> Pattern:
+    idx = idx.clone()
+    for d in range(idx.shape[0]):
+        if idx.shape[1] and (int(idx[d].min()) < 0 or int(idx[d].max()) >= A.shape[d]):
+            raise InputError(f"{name} is not a valid COO tensor: indices of dimension {d} must lie "
+                             f"in [0, {A.shape[d]})")
+    if A.dim() == 3:
+        B, n, m = A.shape
+        row = idx[0] * n + idx[1]
+        col = idx[0] * m + idx[2]
+        nrows = B * n
+    else:
+        B = None
+        row, col = idx[0], idx[1]
+        nrows = A.shape[0]
+    lin = row * A.shape[-1] + col % A.shape[-1]
+    if lin.numel() > 1 and not bool((lin[1:] > lin[:-1]).all()):
+        raise InputError(
+            f"{name} is flagged coalesced but its indices are not sorted and unique; build it "
+            f"without is_coalesced=True (asd.linalg then coalesces it, summing duplicates) or "
+            f"call .coalesce() on a tensor that is not flagged")
+    counts = torch.bincount(row, minlength=nrows)
+    crow = torch.zeros(nrows + 1, dtype=torch.int64, device=idx.device)
+    crow[1:] = torch.cumsum(counts, 0)
+    P = Pattern(A.layout, A.shape, crow, col.contiguous(), orig=(idx,), batch=B)
+    P._cache["row"] = row.contiguous()
+    return P
+
+
+def _check_unique(P: Pattern, name: str, what: str, fix: str) -> None:
+    """Reject a pattern storing one position twice (kernels would overwrite instead of summing)."""
+    if P.nnz < 2:
+        return
+    key = P.row * P.n_cols + P.col
+    if bool((key[1:] > key[:-1]).all()):
+        return
+    skey, _ = torch.sort(key)
+    dup = (skey[1:] == skey[:-1]).nonzero()
+    if dup.numel():
+        k = int(skey[int(dup[0, 0])])
+        r, c = k // P.n_cols, k % P.n_cols
+        where = f"row {r % P.n}, column {c % P.m}" + (f" of batch item {r // P.n}" if P.batch else "")
+        raise InputError(f"{name} has {what} ({where} is stored twice); {fix}")
+
+
+def clear_cache() -> None:
+    """Drop every cached sparse structure (and the plans derived from it)."""
+    _CACHE.clear()
+
+
+def _cached_pattern(key, current: tuple):
+    """A cached pattern whose private index copy still equals ``current`` (the key's buffers may
+    have been rewritten or freed and reused), marked most recently used; a stale entry is dropped."""
     P = _CACHE.get(key)
-    if P is not None:
-        _CACHE.move_to_end(key)
+    if P is None:
+        return None
+    if not all(K.equal(a, b) for a, b in zip(current, P.orig)):
+        del _CACHE[key]
+        return None
+    _CACHE.move_to_end(key)
     return P
 
 
@@ -305,7 +376,7 @@ def values_of(A: torch.Tensor, name: str = "A") -> tuple[Pattern, torch.Tensor]:
     check_sparse(A, name)
     if A.layout == torch.sparse_coo and not A.is_coalesced():
         A = A.coalesce()
-    P = get_pattern(A)
+    P = get_pattern(A, name)
     if A.requires_grad:
         return P, _Values.apply(A, P)
     return P, _raw_values(A).reshape(-1)

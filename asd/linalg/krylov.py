@@ -1,285 +1,287 @@
 """Krylov solvers in plain torch: CG, BiCGSTAB, MINRES, restarted GMRES and LSMR.
 
 These are the raw iterations on a linear operator (any device, any float dtype); they run without
-autograd.  :func:`asd.linalg.solve` wraps them in an implicit-function-theorem backward.  Every
-solver returns ``(x, info)``; stopping short of the tolerance is reported in ``info`` and by
-:func:`solve` as a :class:`~asd.errors.ConvergenceWarning`, never raised.
+autograd.  The solver objects of :mod:`asd.linalg.iterative` call them and wrap them in the
+implicit-function backward of :mod:`asd.linalg.base`.  Each returns ``(x, iterations, residual
+norm)``; stopping short of the tolerance is reported, never raised.
 
-The stopping rule is scipy's: ``||b - A x|| <= max(rtol * ||b||, atol)``.
+The recurrence scalars stay on the operands' device as 0-d tensors: the loops read nothing back
+to the host except one convergence test every ``check_every`` iterations, so iteration counts are
+multiples of ``check_every`` (or ``maxiter``).  Divisions by a vanished quantity (a breakdown, or
+an exact solution reached inside a block) give zero instead of NaN, so the iterate stalls and the
+next test sees it.  The stopping rule is scipy's: ``||b - A x|| <= max(rtol * ||b||, atol)``.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
-__all__ = ["SolveInfo", "KRYLOV_METHODS"]
+__all__ = ["cg", "bicgstab", "minres", "gmres", "lsmr"]
 
 Op = Callable[[torch.Tensor], torch.Tensor]
 
 
-@dataclass(frozen=True)
-class SolveInfo:
-    """Status and statistics of a solve.
-
-    Attributes
-    ----------
-    method : str
-    converged : bool
-        Every right-hand side reached its tolerance.
-    iterations : int
-        The largest iteration count over right-hand sides (0 for direct solves).
-    residual_norm : float
-        The largest final residual norm ``||b - A x||`` over right-hand sides.
-    tolerance : float
-        The largest tolerance ``max(rtol ||b||, atol)`` over right-hand sides.
-    per_column : tuple
-        ``(converged, iterations, residual_norm)`` for each right-hand side.
-    """
-
-    method: str
-    converged: bool
-    iterations: int
-    residual_norm: float
-    tolerance: float
-    per_column: tuple = field(default=(), repr=False)
+def _norm(a: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(a)
 
 
-def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.dot(a, b))
+def _div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a / b``, and 0 where ``b == 0``."""
+    nz = b != 0
+    return torch.where(nz, a / torch.where(nz, b, torch.ones_like(b)), torch.zeros_like(a))
 
 
-def _norm(a: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(a))
+def _host(*scalars: torch.Tensor) -> list[float]:
+    """One device-to-host transfer for the convergence test of a block of iterations."""
+    return torch.stack([s.to(torch.float64) for s in scalars]).tolist()
 
 
-def cg(A: Op, b, x, tol, maxiter, M: Optional[Op]):
+def _block(it: int, maxiter: int, check_every: int) -> range:
+    return range(min(check_every, maxiter - it))
+
+
+def cg(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int):
     r = b - A(x)
-    rn = _norm(r)
+    rn = float(_norm(r))
     if rn <= tol:
         return x, 0, rn
     z = M(r) if M else r
     p = z.clone()
-    rz = _dot(r, z)
-    for it in range(1, maxiter + 1):
-        Ap = A(p)
-        pAp = _dot(p, Ap)
-        if pAp == 0.0:
-            return x, it, rn
-        alpha = rz / pAp
-        x = x.add(p, alpha=alpha)
-        r = r.sub(Ap, alpha=alpha)
-        rn = _norm(r)
-        if rn <= tol:
-            return x, it, rn
-        z = M(r) if M else r
-        rz_new = _dot(r, z)
-        p = z.add(p, alpha=rz_new / rz)
-        rz = rz_new
-    return x, maxiter, rn
+    rz = torch.dot(r, z)
+    broke = torch.zeros((), dtype=torch.bool, device=b.device)
+    it = 0
+    while it < maxiter:
+        for _ in _block(it, maxiter, check_every):
+            Ap = A(p)
+            pAp = torch.dot(p, Ap)
+            broke = broke | (pAp == 0)
+            alpha = _div(rz, pAp)
+            x = x + alpha * p
+            r = r - alpha * Ap
+            z = M(r) if M else r
+            rz_new = torch.dot(r, z)
+            p = z + _div(rz_new, rz) * p
+            rz = rz_new
+            it += 1
+        rn, stop = _host(_norm(r), broke)
+        if rn <= tol or stop:
+            break
+    return x, it, rn
 
 
-def bicgstab(A: Op, b, x, tol, maxiter, M: Optional[Op]):
+def bicgstab(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int):
     r = b - A(x)
-    rn = _norm(r)
+    rn = float(_norm(r))
     if rn <= tol:
         return x, 0, rn
-    rhat = r.clone()
-    rho = alpha = omega = 1.0
-    v = torch.zeros_like(b)
-    p = torch.zeros_like(b)
-    for it in range(1, maxiter + 1):
-        rho_new = _dot(rhat, r)
-        if rho_new == 0.0:                         # breakdown: restart the shadow residual
-            rhat = r.clone()
-            rho_new = _dot(rhat, r)
-            p.zero_()
-            v.zero_()
-            rho = alpha = omega = 1.0
-        beta = (rho_new / rho) * (alpha / omega)
-        p = r + beta * (p - omega * v)
-        ph = M(p) if M else p
-        v = A(ph)
-        rv = _dot(rhat, v)
-        if rv == 0.0:
-            return x, it, rn
-        alpha = rho_new / rv
-        s = r - alpha * v
-        sn = _norm(s)
-        if sn <= tol:
-            return x.add(ph, alpha=alpha), it, sn
-        sh = M(s) if M else s
-        t = A(sh)
-        tt = _dot(t, t)
-        omega = _dot(t, s) / tt if tt > 0 else 0.0
-        x = x + alpha * ph + omega * sh
-        r = s - omega * t
-        rn = _norm(r)
-        rho = rho_new
-        if rn <= tol or omega == 0.0:
-            return x, it, rn
-    return x, maxiter, rn
+    it = 0
+    while it < maxiter:                        # a breakdown restarts with a fresh shadow residual
+        rhat = r.clone()
+        one = torch.ones((), dtype=b.dtype, device=b.device)
+        rho, alpha, omega = one, one, one
+        v = torch.zeros_like(b)
+        p = torch.zeros_like(b)
+        broke = torch.zeros((), dtype=torch.bool, device=b.device)
+        rn0 = rn
+        while it < maxiter:
+            for _ in _block(it, maxiter, check_every):
+                rho_new = torch.dot(rhat, r)
+                p = r + _div(rho_new, rho) * _div(alpha, omega) * (p - omega * v)
+                ph = M(p) if M else p
+                v = A(ph)
+                rv = torch.dot(rhat, v)
+                alpha = _div(rho_new, rv)
+                s = r - alpha * v
+                sh = M(s) if M else s
+                t = A(sh)
+                omega = _div(torch.dot(t, s), torch.dot(t, t))
+                x = x + alpha * ph + omega * sh
+                r = s - omega * t
+                broke = broke | (rho_new == 0) | (rv == 0) | (omega == 0)
+                rho = rho_new
+                it += 1
+            rn, stop = _host(_norm(r), broke)
+            if rn <= tol:
+                return x, it, rn
+            if stop:
+                break
+        if rn >= rn0:                          # a restart that made no progress: give up
+            break
+    return x, it, rn
 
 
-def minres(A: Op, b, x, tol, maxiter, M: Optional[Op]):
+def minres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int):
     """MINRES of Paige and Saunders for symmetric (possibly indefinite) ``A``, SPD ``M``."""
     r1 = b - A(x)
-    rn = _norm(r1)
+    rn = float(_norm(r1))
     if rn <= tol:
         return x, 0, rn
     y = M(r1) if M else r1
-    beta1 = _dot(r1, y)
+    beta1 = float(torch.dot(r1, y))
     if beta1 <= 0:
         return x, 0, rn                             # indefinite preconditioner: give up, report
-    beta1 = math.sqrt(beta1)
-    oldb, beta, dbar, epsln, phibar = 0.0, beta1, 0.0, 0.0, beta1
-    cs, sn = -1.0, 0.0
+    zero = torch.zeros((), dtype=b.dtype, device=b.device)
+    beta = torch.sqrt(torch.dot(r1, y))
+    oldb, dbar, epsln, phibar = zero, zero, zero, beta
+    cs, sn = -torch.ones_like(zero), zero
     w = torch.zeros_like(b)
     w2 = torch.zeros_like(b)
     r2 = r1
     eps = torch.finfo(b.dtype).eps
-    for it in range(1, maxiter + 1):
-        v = y / beta
-        y = A(v)
-        if it >= 2:
-            y = y - (beta / oldb) * r1
-        alfa = _dot(v, y)
-        y = y - (alfa / beta) * r2
-        r1, r2 = r2, y
-        y = M(r2) if M else r2
-        oldb = beta
-        beta = _dot(r2, y)
-        if beta < 0:
-            return x, it, _norm(b - A(x))
-        beta = math.sqrt(beta)
-        oldeps = epsln
-        delta = cs * dbar + sn * alfa
-        gbar = sn * dbar - cs * alfa
-        epsln = sn * beta
-        dbar = -cs * beta
-        gamma = max(math.hypot(gbar, beta), eps)
-        cs, sn = gbar / gamma, beta / gamma
-        phi = cs * phibar
-        phibar = sn * phibar
-        w1, w2 = w2, w
-        w = (v - oldeps * w1 - delta * w2) / gamma
-        x = x.add(w, alpha=phi)
-        if phibar <= tol or beta == 0.0:
-            rn = _norm(b - A(x))                    # phibar is the M^-1-norm: confirm
-            if rn <= tol or beta == 0.0:
+    bad = torch.zeros((), dtype=torch.bool, device=b.device)
+    done = bad
+    it = 0
+    while it < maxiter:
+        for _ in _block(it, maxiter, check_every):
+            v = _div(y, beta)
+            y = A(v)
+            if it >= 1:
+                y = y - _div(beta, oldb) * r1
+            alfa = torch.dot(v, y)
+            y = y - _div(alfa, beta) * r2
+            r1, r2 = r2, y
+            y = M(r2) if M else r2
+            oldb = beta
+            beta2 = torch.dot(r2, y)
+            bad = bad | (beta2 < 0)
+            beta = torch.sqrt(beta2.clamp(min=0))
+            done = done | (beta == 0)
+            oldeps = epsln
+            delta = cs * dbar + sn * alfa
+            gbar = sn * dbar - cs * alfa
+            epsln = sn * beta
+            dbar = -cs * beta
+            gamma = torch.hypot(gbar, beta).clamp(min=eps)
+            cs, sn = gbar / gamma, beta / gamma
+            phi = cs * phibar
+            phibar = sn * phibar
+            w1, w2 = w2, w
+            w = (v - oldeps * w1 - delta * w2) / gamma
+            x = x + phi * w
+            it += 1
+        pb, stop_bad, stop_done = _host(phibar, bad, done)
+        if stop_bad:
+            break
+        if pb <= tol or stop_done:
+            rn = float(_norm(b - A(x)))                # phibar is the M^-1-norm: confirm
+            if rn <= tol or stop_done:
                 return x, it, rn
-    return x, maxiter, _norm(b - A(x))
+    return x, it, float(_norm(b - A(x)))
 
 
-def gmres(A: Op, b, x, tol, maxiter, M: Optional[Op], restart: int = 30):
+def gmres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int,
+          restart: int = 30):
     """Restarted GMRES with right preconditioning (the residual is the true residual)."""
-    N = b.numel()
-    restart = max(1, min(restart, N))
+    restart = max(1, min(restart, b.numel()))
     total = 0
-    rn = _norm(b - A(x))
+    opts = dict(dtype=b.dtype, device=b.device)
     while True:
         r = b - A(x)
-        rn = _norm(r)
+        rn = float(_norm(r))
         if rn <= tol or total >= maxiter:
             return x, total, rn
         V = [r / rn]
-        H = torch.zeros(restart + 1, restart, dtype=torch.float64)
-        g = torch.zeros(restart + 1, dtype=torch.float64)
+        H = torch.zeros(restart + 1, restart, **opts)
+        g = torch.zeros(restart + 1, **opts)
         g[0] = rn
-        cs = [0.0] * restart
-        sn = [0.0] * restart
-        j_last = 0
+        cs = torch.zeros(restart, **opts)
+        sn = torch.zeros(restart, **opts)
+        hns = []
         for j in range(restart):
             z = M(V[j]) if M else V[j]
             w = A(z)
             for i in range(j + 1):                 # modified Gram-Schmidt
-                h = _dot(w, V[i])
+                h = torch.dot(w, V[i])
                 H[i, j] = h
-                w = w.sub(V[i], alpha=h)
+                w = w - h * V[i]
             hn = _norm(w)
+            hns.append(hn)
             H[j + 1, j] = hn
-            V.append(w / hn if hn > 0 else w)
+            V.append(_div(w, hn))
             for i in range(j):                     # previous Givens rotations
                 t = cs[i] * H[i, j] + sn[i] * H[i + 1, j]
                 H[i + 1, j] = -sn[i] * H[i, j] + cs[i] * H[i + 1, j]
                 H[i, j] = t
-            d = math.hypot(float(H[j, j]), float(H[j + 1, j]))
-            cs[j] = float(H[j, j]) / d if d > 0 else 1.0
-            sn[j] = float(H[j + 1, j]) / d if d > 0 else 0.0
+            d = torch.hypot(H[j, j], H[j + 1, j])
+            cs[j] = torch.where(d > 0, _div(H[j, j], d), torch.ones_like(d))
+            sn[j] = _div(H[j + 1, j], d)
             H[j, j] = d
             H[j + 1, j] = 0.0
             g[j + 1] = -sn[j] * g[j]
             g[j] = cs[j] * g[j]
             total += 1
-            j_last = j
-            if abs(float(g[j + 1])) <= tol or total >= maxiter or hn == 0:
+            if total >= maxiter or j == restart - 1:
                 break
-        k = j_last + 1
+            if (j + 1) % check_every == 0:
+                res, happy = _host(g[j + 1].abs(), (torch.stack(hns) == 0).any())
+                if res <= tol or happy:
+                    break
+        # a happy breakdown (hn == 0) inside the block ends the Krylov space there
+        zero = (torch.stack(hns) == 0).nonzero()
+        k = int(zero[0, 0]) + 1 if zero.numel() else len(hns)
         yk = torch.linalg.solve_triangular(H[:k, :k], g[:k].unsqueeze(1), upper=True).squeeze(1)
-        upd = torch.zeros_like(b)
-        for i in range(k):
-            upd = upd.add(V[i], alpha=float(yk[i]))
+        upd = torch.stack(V[:k], 1) @ yk
         x = x + (M(upd) if M else upd)
 
 
-def lsmr(A: Op, AT: Op, b, x, tol, maxiter, rtol: float):
+def lsmr(A: Op, AT: Op, b, x, tol: float, maxiter: int, rtol: float, check_every: int):
     """LSMR of Fong and Saunders for ``min ||A x - b||`` (no damping).
 
     Stops when the residual reaches ``tol`` or, for inconsistent systems, when
-    ``||A^T r|| <= rtol ||A|| ||r||`` (a least-squares solution).
+    ``||A^T r|| <= rtol ||A|| ||r||`` (a least-squares solution); returns ``(x, iterations,
+    residual norm, converged)`` with ``converged`` true when either test passed.
     """
     u = b - A(x)
     beta = _norm(u)
-    if beta <= tol:
-        return x, 0, beta
+    rn = float(beta)
+    if rn <= tol:
+        return x, 0, rn, True
     u = u / beta
     v = AT(u)
     alpha = _norm(v)
-    if alpha == 0:
-        return x, 0, beta
+    if float(alpha) == 0:                           # A^T b = 0: x = 0 is a least-squares solution
+        return x, 0, rn, True
     v = v / alpha
+    one = torch.ones((), dtype=b.dtype, device=b.device)
     zetabar = alpha * beta
     alphabar = alpha
-    rho = rhobar = cbar = 1.0
-    sbar = 0.0
+    rho, rhobar, cbar, sbar = one, one, one, 0 * one
     h = v.clone()
     hbar = torch.zeros_like(x)
     normA2 = alpha * alpha
-    rn = beta
-    for it in range(1, maxiter + 1):
-        u = A(v) - alpha * u
-        beta = _norm(u)
-        if beta > 0:
-            u = u / beta
+    stop = torch.zeros((), dtype=torch.bool, device=b.device)
+    it = 0
+    ok = False
+    while it < maxiter:
+        for _ in _block(it, maxiter, check_every):
+            u = A(v) - alpha * u
+            beta = _norm(u)
+            u = _div(u, beta)
             v = AT(u) - beta * v
             alpha = _norm(v)
-            if alpha > 0:
-                v = v / alpha
-        normA2 += alpha * alpha + beta * beta
-        rhoold = rho
-        rho = math.hypot(alphabar, beta)
-        c, s = alphabar / rho, beta / rho
-        thetanew = s * alpha
-        alphabar = c * alpha
-        rhobarold = rhobar
-        thetabar = sbar * rho
-        rhotemp = cbar * rho
-        rhobar = math.hypot(rhotemp, thetanew)
-        cbar, sbar = rhotemp / rhobar, thetanew / rhobar
-        zeta = cbar * zetabar
-        zetabar = -sbar * zetabar
-        hbar = h - (thetabar * rho / (rhoold * rhobarold)) * hbar
-        x = x + (zeta / (rho * rhobar)) * hbar
-        h = v - (thetanew / rho) * h
-        rn = _norm(b - A(x))
-        if rn <= tol:
-            return x, it, rn
-        if abs(zetabar) <= rtol * math.sqrt(normA2) * rn or (alpha == 0 or beta == 0):
-            return x, it, rn
-    return x, maxiter, rn
-
-
-KRYLOV_METHODS = ("cg", "bicgstab", "minres", "gmres", "lsmr")
+            v = _div(v, alpha)
+            stop = stop | (alpha == 0) | (beta == 0)
+            normA2 = normA2 + alpha * alpha + beta * beta
+            rhoold = rho
+            rho = torch.hypot(alphabar, beta)
+            c, s = _div(alphabar, rho), _div(beta, rho)
+            thetanew = s * alpha
+            alphabar = c * alpha
+            rhobarold = rhobar
+            thetabar = sbar * rho
+            rhotemp = cbar * rho
+            rhobar = torch.hypot(rhotemp, thetanew)
+            cbar, sbar = _div(rhotemp, rhobar), _div(thetanew, rhobar)
+            zeta = cbar * zetabar
+            zetabar = -sbar * zetabar
+            hbar = h - _div(thetabar * rho, rhoold * rhobarold) * hbar
+            x = x + _div(zeta, rho * rhobar) * hbar
+            h = v - _div(thetanew, rho) * h
+            it += 1
+        rn, zb, nA2, halt = _host(_norm(b - A(x)), zetabar.abs(), normA2, stop)
+        ok = rn <= tol or zb <= rtol * nA2 ** 0.5 * rn or bool(halt)
+        if ok:
+            break
+    return x, it, rn, ok

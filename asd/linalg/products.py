@@ -176,7 +176,7 @@ def sampled_matmul(U: torch.Tensor, V: torch.Tensor, pattern: torch.Tensor) -> t
     check_sparse(pattern, "pattern")
     if pattern.layout == torch.sparse_coo and not pattern.is_coalesced():
         pattern = pattern.coalesce()
-    P = get_pattern(pattern)
+    P = get_pattern(pattern, "pattern")
     check_dense(U, "U", P, P.n, what="lhs")
     check_dense(V, "V", P, P.m, what="rhs")
     if U.dtype != V.dtype:

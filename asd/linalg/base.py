@@ -1,0 +1,282 @@
+"""Solver objects: the interface, their prepared state, :class:`SolveInfo`, and the one
+implicit-function backward shared by every solver.
+
+A solver is an immutable description (method and options).  ``state = solver.init(A)`` does the
+expensive, right-hand-side independent work (a factorization, a prepared operator and
+preconditioner) and can serve any number of ``solver.compute(state, b) -> (x, info)`` calls.
+``solver.transpose(state)`` is the state of ``A^T``; it shares the factorization, and the
+backward pass runs its adjoint solve through it.
+
+Backward (implicit function theorem): with ``M = op(A)``, ``x = M^+ b``, ``r = b - M x`` and
+incoming gradient ``g``, the adjoint solve ``q = M^{+T} g`` gives ``grad b = q`` and
+
+    grad M = -q x^T  +  r (M^+ q)^T            (the second term only for tall least squares)
+                     +  (M^{+T} x) (g - M^+ M g)^T   (only for wide, minimum-norm solves)
+
+sampled at A's stored entries.  For square nonsingular ``A`` this is ``-(A^{-T} g) x^T``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar, Optional
+
+import torch
+
+from asd.errors import ConvergenceWarning, InputError
+from asd.linalg import _kernels as K
+from asd.linalg._sparse import (Pattern, check_dense, check_dtypes, from_columns, to_columns,
+                                values_of)
+from asd.linalg.products import _SDDMM, _SpMM
+
+__all__ = ["SolveInfo", "Solver", "SolverState", "SingularMatrixError"]
+
+
+class SingularMatrixError(InputError):
+    """A direct solver met a singular (or, for Cholesky, not positive definite) matrix."""
+
+
+@dataclass(frozen=True)
+class SolveInfo:
+    """How a solve ended.  Solvers report, they don't throw: a Krylov solve that stops short of
+    its tolerance returns its best iterate, ``converged=False`` and a
+    :class:`~asd.errors.ConvergenceWarning`.
+
+    Attributes
+    ----------
+    solver : str
+        The solver's class name (``"LU"``, ``"CG"``, ...).
+    converged : bool
+        Every right-hand side met the stopping rule.
+    iterations : int
+        The largest iteration count over right-hand sides (0 for direct solvers).
+    residual : float
+        The largest final residual norm ``||b - op(A) x||`` over right-hand sides.
+    tolerance : float
+        The largest tolerance ``max(rtol ||b||, atol)`` over right-hand sides (NaN for direct
+        solvers, which have none).
+    per_column : tuple
+        ``(converged, iterations, residual)`` for each right-hand side.
+    """
+
+    solver: str
+    converged: bool
+    iterations: int
+    residual: float
+    tolerance: float
+    per_column: tuple = field(default=(), repr=False)
+
+
+@dataclass(frozen=True, eq=False)
+class SolverState:
+    """What :meth:`Solver.init` prepared for one matrix; pass it to :meth:`Solver.compute` or to
+    :func:`asd.linalg.solve` (``solver=state``) to solve with it again.
+
+    Attributes
+    ----------
+    solver : Solver
+        The solver that made it.
+    pattern : Pattern
+        A's structure.
+    values : torch.Tensor
+        A's flat stored values as given to ``init`` (still connected to A's autograd graph, so
+        ``compute`` differentiates with respect to that A).
+    transposed : bool
+        The state solves with ``A^T`` (see :meth:`Solver.transpose`).
+    """
+
+    solver: "Solver"
+    pattern: Pattern
+    values: torch.Tensor
+    transposed: bool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(rows of b, rows of x)`` of the (flattened, block-diagonal) system ``op(A) x = b``."""
+        P = self.pattern
+        return (P.n_cols, P.n_rows) if self.transposed else (P.n_rows, P.n_cols)
+
+
+def check_count(value, name: str, *, allow_none: bool = False) -> None:
+    """``value`` is a positive int (``None`` allowed where it means a default)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_tolerance(value, name: str, *, below_one: bool) -> None:
+    """``value`` is a finite non-negative number (below 1 for a relative tolerance)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and value >= 0 and (value < 1 or not below_one)
+    if not ok:
+        rng = "in [0, 1)" if below_one else "finite and >= 0"
+        raise InputError(f"{name} must be a number {rng}, got {value!r}")
+
+
+class Solver(ABC):
+    """Interface of the sparse linear solvers (immutable; subclasses are frozen dataclasses)."""
+
+    least_squares: ClassVar[bool] = False     # accepts rectangular A (minimum-norm least squares)
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def init(self, A: torch.Tensor) -> SolverState:
+        """Prepare the solver for ``A`` (factorize, or set up the operator and preconditioner).
+
+        Parameters
+        ----------
+        A : torch.Tensor
+            Sparse COO or CSR, ``(n, n)`` or batched ``(B, n, n)`` (solved as one block-diagonal
+            system); rectangular for least-squares solvers.
+
+        Returns
+        -------
+        SolverState
+            Reusable for any number of right-hand sides.
+        """
+        P, vals = values_of(A, "A")
+        if P.n != P.m and not self.least_squares:
+            raise InputError(f"A must be square for {self.name}(), got shape {P.shape}; for a "
+                             f"least-squares solution use asd.linalg.LSMR()")
+        if not bool(torch.isfinite(vals.detach()).all()):
+            raise InputError("A has NaN or inf among its stored values; a solve needs finite A")
+        return self._prepare(P, vals)
+
+    def transpose(self, state: SolverState) -> SolverState:
+        """The state of ``A^T``, sharing ``state``'s factorization or prepared operator."""
+        return dataclasses.replace(state, transposed=not state.transposed)
+
+    def compute(self, state: SolverState, b: torch.Tensor, *, x0: Optional[torch.Tensor] = None,
+                warn: bool = True) -> tuple[torch.Tensor, SolveInfo]:
+        """Solve ``op(A) x = b`` with a prepared state.
+
+        Parameters
+        ----------
+        state : SolverState
+            From :meth:`init` (or :meth:`transpose`) of this solver.
+        b : torch.Tensor
+            Dense ``(n,)``, ``(n, k)``, ``(B, n)`` or ``(B, n, k)``, finite.
+        x0 : torch.Tensor, optional
+            Starting guess shaped like ``x`` (iterative solvers; a constant for autograd).
+        warn : bool
+            Emit :class:`~asd.errors.ConvergenceWarning` when a solve (forward or adjoint) stops
+            short of its tolerance.
+
+        Returns
+        -------
+        (torch.Tensor, SolveInfo)
+            ``x``, differentiable with respect to ``b`` and to the A given to :meth:`init`
+            (gradient on A's stored entries only).
+        """
+        if not isinstance(state, SolverState) or state.solver != self:
+            raise InputError(f"state must come from this solver's init(A) ({self!r}), got "
+                             f"{type(state).__name__}")
+        return apply_solve(state, state.values, b, x0, warn)
+
+    @abstractmethod
+    def _prepare(self, P: Pattern, vals: torch.Tensor) -> SolverState:
+        """Build the state for a validated matrix."""
+
+    @abstractmethod
+    def _run(self, state: SolverState, Bm: torch.Tensor,
+             X0: Optional[torch.Tensor]) -> tuple[torch.Tensor, SolveInfo]:
+        """Solve ``op(A) X = Bm`` for columns ``Bm`` without autograd."""
+
+
+def residual_norms(state: SolverState, Bm: torch.Tensor, X: torch.Tensor) -> list[float]:
+    """``||b_j - op(A) x_j||`` per column."""
+    R = Bm - K.spmm(state.pattern, state.values.detach(), X, state.transposed)
+    return torch.linalg.vector_norm(R, dim=0).tolist()
+
+
+def apply_solve(state: SolverState, vals: torch.Tensor, b: torch.Tensor,
+                x0: Optional[torch.Tensor], warn: bool) -> tuple[torch.Tensor, SolveInfo]:
+    """Shape handling around :class:`_ImplicitSolve`; ``vals`` carries the gradient to A."""
+    P = state.pattern
+    n_b, n_x = (P.m, P.n) if state.transposed else (P.n, P.m)
+    check_dense(b, "b", P, n_b, what="rhs")
+    check_dtypes(vals, b)
+    Bm, layout = to_columns(b, P, n_b, "b")
+    if not bool(torch.isfinite(b.detach()).all()):
+        raise InputError("b contains NaN or inf; the right-hand side of a solve must be finite")
+    X0 = None
+    if x0 is not None:
+        check_dense(x0, "x0", P, n_x, what="rhs")
+        check_dtypes(vals, x0)
+        X0, _ = to_columns(x0.detach(), P, n_x, "x0")
+        if X0.shape[1] != Bm.shape[1]:
+            raise InputError(f"x0 has shape {tuple(x0.shape)}, which does not match x for b of "
+                             f"shape {tuple(b.shape)}")
+        if n_b < n_x:
+            raise InputError("x0 is not supported for an underdetermined system: its "
+                             "minimum-norm solution needs a zero start")
+    out: list = []
+    X = _ImplicitSolve.apply(vals, Bm, state, X0, warn, out)
+    return from_columns(X, layout, P, n_x), out[0]
+
+
+def _report(info: SolveInfo, warn: bool, adjoint: bool) -> None:
+    if warn and not info.converged:
+        what = "adjoint (backward) solve" if adjoint else "solve"
+        warnings.warn(ConvergenceWarning(
+            f"{info.solver} {what} did not converge: {info.iterations} iterations, residual norm "
+            f"{info.residual:.3e} > tolerance {info.tolerance:.3e}; raise maxiter, loosen "
+            f"rtol/atol or pass a preconditioner"), stacklevel=5)
+
+
+class _ImplicitSolve(torch.autograd.Function):
+    """``X = op(A)^+ Bm`` by any solver state; backward by the implicit function theorem."""
+
+    @staticmethod
+    def forward(ctx, vals, Bm, state, X0, warn, out):
+        X, info = state.solver._run(state, Bm.detach(), X0)
+        _report(info, warn, adjoint=out is None)
+        if out is not None:
+            out.append(info)
+        ctx.state, ctx.warn = state, warn
+        ctx.save_for_backward(vals, Bm, X)
+        return X
+
+    @staticmethod
+    def backward(ctx, G):
+        vals, Bm, X = ctx.saved_tensors
+        st = ctx.state
+        P = st.pattern
+        graph = torch.is_grad_enabled()
+
+        def solve(s: SolverState, rhs: torch.Tensor) -> torch.Tensor:
+            if graph:
+                return _ImplicitSolve.apply(vals, rhs, s, None, ctx.warn, None)
+            Y, info = s.solver._run(s, rhs.detach(), None)
+            _report(info, ctx.warn, adjoint=True)
+            return Y
+
+        def op(Y: torch.Tensor, transposed: bool) -> torch.Tensor:
+            return _SpMM.apply(vals, Y, P, transposed) if graph else K.spmm(P, vals, Y, transposed)
+
+        def outer(U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+            """``(U V^T)`` of op(A)'s shape sampled at A's stored entries."""
+            if st.transposed:
+                U, V = V, U
+            return _SDDMM.apply(U, V, P) if graph else K.sddmm(P, U, V)
+
+        stT = st.solver.transpose(st)
+        Q = solve(stT, G)
+        gv = None
+        if ctx.needs_input_grad[0]:
+            gv = -outer(Q, X)
+            rows, cols = st.shape
+            if rows > cols:                                       # tall: least-squares residual
+                R = Bm - op(X, st.transposed)
+                gv = gv + outer(R, solve(st, Q))
+            elif rows < cols:                                     # wide: minimum-norm solution
+                Gperp = G - solve(st, op(G, st.transposed))
+                gv = gv + outer(solve(stT, X), Gperp)
+        return gv, (Q if ctx.needs_input_grad[1] else None), None, None, None, None

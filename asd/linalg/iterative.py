@@ -1,0 +1,161 @@
+"""Krylov solver objects: ``CG``, ``BiCGStab``, ``MINRES``, ``GMRES`` and ``LSMR``.
+
+They run the iterations of :mod:`asd.linalg.krylov` in torch on A's device, with the recurrence
+scalars kept there and one convergence test (one host transfer) every ``check_every`` iterations;
+iteration counts are therefore multiples of ``check_every`` (or ``maxiter``).  The stopping rule
+is scipy's, per right-hand side: ``||b - op(A) x|| <= max(rtol ||b||, atol)``.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Optional, Union
+
+import torch
+
+from asd.errors import InputError
+from asd.linalg import _kernels as K
+from asd.linalg import krylov
+from asd.linalg._sparse import Pattern, values_of
+from asd.linalg.base import SolveInfo, Solver, SolverState, check_count, check_tolerance
+
+__all__ = ["CG", "BiCGStab", "MINRES", "GMRES", "LSMR", "KrylovState", "Preconditioner"]
+
+Preconditioner = Union[None, Callable[[torch.Tensor], torch.Tensor], torch.Tensor]
+Op = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class KrylovState(SolverState):
+    """A's operator and the prepared preconditioner ``precond(r, transposed)`` (or ``None``)."""
+
+    precond: Optional[Callable[[torch.Tensor, bool], torch.Tensor]] = None
+
+
+def _prepare_preconditioner(M: Preconditioner, P: Pattern):
+    if M is None:
+        return None
+    if isinstance(M, torch.Tensor):
+        PM, vm = values_of(M.detach(), "preconditioner")
+        vm = vm.detach()
+        if (PM.n_rows, PM.n_cols) != (P.n_rows, P.n_rows):
+            raise InputError(f"preconditioner of shape {tuple(M.shape)} does not match A of shape "
+                             f"{P.shape}")
+        if vm.device != P.device:
+            raise InputError(f"preconditioner is on {vm.device} but A is on {P.device}")
+        return lambda r, t: K.spmm(PM, vm, r.reshape(-1, 1), t).reshape(-1)
+    if callable(M):
+        return lambda r, t: M(r)
+    raise InputError(f"preconditioner must be a sparse tensor or a callable r -> M r, got "
+                     f"{type(M).__name__}")
+
+
+@dataclass(frozen=True)
+class _Krylov(Solver):
+    """Shared options and the per-column loop of the Krylov solvers."""
+
+    rtol: float = 1e-6
+    atol: float = 0.0
+    maxiter: Optional[int] = None
+    preconditioner: Preconditioner = field(default=None, compare=False, repr=False)
+    check_every: int = 10
+
+    def __post_init__(self):
+        check_tolerance(self.rtol, "rtol", below_one=True)
+        check_tolerance(self.atol, "atol", below_one=False)
+        check_count(self.maxiter, "maxiter", allow_none=True)
+        check_count(self.check_every, "check_every")
+
+    def _prepare(self, P: Pattern, vals: torch.Tensor) -> KrylovState:
+        return KrylovState(self, P, vals, False, _prepare_preconditioner(self.preconditioner, P))
+
+    @abstractmethod
+    def _iterate(self, A: Op, AT: Op, b, x, tol: float, maxiter: int, M: Optional[Op]):
+        """One right-hand side: ``(x, iterations, final residual norm, converged)``."""
+
+    def _run(self, state: SolverState, Bm: torch.Tensor,
+             X0: Optional[torch.Tensor]) -> tuple[torch.Tensor, SolveInfo]:
+        P, t = state.pattern, state.transposed
+        v = state.values.detach()
+        A = lambda x: K.spmm(P, v, x.reshape(-1, 1), t).reshape(-1)        # noqa: E731
+        AT = lambda x: K.spmm(P, v, x.reshape(-1, 1), not t).reshape(-1)   # noqa: E731
+        M = (lambda r: state.precond(r, t)) if state.precond is not None else None
+        maxiter = self.maxiter if self.maxiter is not None else 10 * max(state.shape)
+        cols, stats = [], []
+        with torch.no_grad():
+            for c in range(Bm.shape[1]):
+                b = Bm[:, c]
+                tol = max(self.rtol * float(torch.linalg.vector_norm(b)), self.atol)
+                x = X0[:, c].clone() if X0 is not None else b.new_zeros(state.shape[1])
+                x, it, rn, ok = self._iterate(A, AT, b, x, tol, maxiter, M)
+                cols.append(x)
+                stats.append((ok, it, rn, tol))
+        X = torch.stack(cols, 1)
+        info = SolveInfo(self.name, all(s[0] for s in stats), max(s[1] for s in stats),
+                         max(s[2] for s in stats), max(s[3] for s in stats),
+                         tuple(s[:3] for s in stats))
+        return X, info
+
+
+@dataclass(frozen=True)
+class CG(_Krylov):
+    """Conjugate gradients for symmetric positive definite A (preconditioner SPD too)."""
+
+    def _iterate(self, A, AT, b, x, tol, maxiter, M):
+        x, it, rn = krylov.cg(A, b, x, tol, maxiter, M, self.check_every)
+        return x, it, rn, rn <= tol
+
+
+@dataclass(frozen=True)
+class BiCGStab(_Krylov):
+    """BiCGSTAB for general square A (right preconditioning)."""
+
+    def _iterate(self, A, AT, b, x, tol, maxiter, M):
+        x, it, rn = krylov.bicgstab(A, b, x, tol, maxiter, M, self.check_every)
+        return x, it, rn, rn <= tol
+
+
+@dataclass(frozen=True)
+class MINRES(_Krylov):
+    """MINRES for symmetric (possibly indefinite) A with an SPD preconditioner."""
+
+    def _iterate(self, A, AT, b, x, tol, maxiter, M):
+        x, it, rn = krylov.minres(A, b, x, tol, maxiter, M, self.check_every)
+        return x, it, rn, rn <= tol
+
+
+@dataclass(frozen=True)
+class GMRES(_Krylov):
+    """Restarted GMRES for general square A (right preconditioning; ``maxiter`` counts inner
+    iterations, ``restart`` is the Krylov space size between restarts)."""
+
+    restart: int = 30
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_count(self.restart, "restart")
+
+    def _iterate(self, A, AT, b, x, tol, maxiter, M):
+        x, it, rn = krylov.gmres(A, b, x, tol, maxiter, M, self.check_every, restart=self.restart)
+        return x, it, rn, rn <= tol
+
+
+@dataclass(frozen=True)
+class LSMR(_Krylov):
+    """LSMR for ``min ||A x - b||`` with any (square or rectangular) A, no preconditioner.
+
+    For a tall full-column-rank A this is the least-squares solution; for a wide full-row-rank A
+    (started from zero) the minimum-norm solution.  It converges when the residual reaches the
+    tolerance or, for inconsistent systems, when ``||A^T r|| <= rtol ||A|| ||r||``.
+    """
+
+    least_squares: ClassVar[bool] = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.preconditioner is not None:
+            raise InputError("LSMR takes no preconditioner; scale the columns of A instead")
+
+    def _iterate(self, A, AT, b, x, tol, maxiter, M):
+        return krylov.lsmr(A, AT, b, x, tol, maxiter, self.rtol, self.check_every)

@@ -127,3 +127,32 @@ def test_ipopt_cartpole_small():
         x, info = prob.solve(x0, lb=lb, ub=ub, print_level=0, tol=1e-8)
     assert info["status"] == 0
     np.testing.assert_allclose(np.abs(c(torch.tensor(x)).numpy()).max(), 0, atol=1e-7)
+
+
+def test_newton_accepts_numpy_and_lists():
+    f = lambda x: torch.cat([x[:1] - 2, x[1:] - 0.5 * x[:-1] ** 2])  # noqa: E731
+    for x0 in (np.ones(5), [1.0] * 5):
+        res = newton(f, x0)
+        assert res.converged and res.status == "converged" and res.x.dtype == torch.float64
+        np.testing.assert_allclose(f(res.x).numpy(), 0, atol=1e-10)
+
+
+def test_newton_default_tolerance_follows_the_dtype():
+    f = lambda x: x ** 3 - 8  # noqa: E731
+    res = newton(f, torch.full((4,), 3.0, dtype=torch.float32))
+    assert res.converged and res.tol > 1e-8
+    torch.testing.assert_close(res.x, torch.full((4,), 2.0))
+
+
+def test_newton_without_a_solution_stops_early():
+    f = lambda x: x ** 2 + 1  # noqa: E731 - no real root: |f| is smallest where the Jacobian is singular
+    with pytest.warns(asd.ConvergenceWarning):
+        res = newton(f, torch.full((3,), 0.5, dtype=torch.float64), maxiter=50)
+    assert not res.converged and res.status in ("stagnated", "singular") and res.iterations < 50
+
+
+def test_newton_unreachable_tolerance_in_float32_stops():
+    f = lambda x: x ** 3 - 7  # noqa: E731 - the root is not a float32 number: |f| cannot reach 1e-12
+    with pytest.warns(asd.ConvergenceWarning, match="below what torch.float32 can reach"):
+        res = newton(f, torch.full((4,), 3.0, dtype=torch.float32), tol=1e-12, maxiter=40)
+    assert res.status == "stagnated" and res.iterations < 40

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..errors import ConvergenceWarning, InputError
@@ -16,7 +18,12 @@ from ..operators import SparseJacobian
 
 @dataclass
 class NewtonResult:
-    """Outcome of :func:`newton`: solvers report, they don't throw."""
+    """Outcome of :func:`newton`: solvers report, they don't throw.
+
+    ``status`` is ``"converged"``, ``"maxiter"``, ``"stagnated"`` (no step reduces the residual:
+    no solution nearby, or the tolerance is below what the precision can reach), ``"diverged"``
+    (the residual became infinite or NaN) or ``"singular"`` (a singular Jacobian).
+    """
 
     x: torch.Tensor
     converged: bool
@@ -24,9 +31,17 @@ class NewtonResult:
     residual_norm: float
     history: list = field(default_factory=list)
     jacobian: SparseJacobian | None = None
+    status: str = "converged"
+    tol: float = 0.0
 
 
-def newton(f: Callable, x0: torch.Tensor, *, tol: float = 1e-10, maxiter: int = 50, damping: bool = True,
+def default_tolerance(dtype: torch.dtype, scale: float = 1.0) -> float:
+    """``1e-10`` in float64; in lower precision what its rounding allows (``1e3 eps`` times the
+    initial residual's scale)."""
+    return max(1e-10, 1e3 * float(torch.finfo(dtype).eps) * max(1.0, scale))
+
+
+def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damping: bool = True,
            solver: Solver | None = None, refactor_every: int = 1, **options) -> NewtonResult:
     """Solve ``f(x) = 0`` for a square system by Newton's method with sparse linear solves.
 
@@ -35,9 +50,10 @@ def newton(f: Callable, x0: torch.Tensor, *, tol: float = 1e-10, maxiter: int = 
     f
         Function of one tensor returning a tensor with as many elements as ``x0``.
     x0
-        Starting point (its shape, dtype and device are kept).
+        Starting point: a tensor (its shape, dtype and device are kept), or a numpy array or list
+        (float64 unless it is a float32 array).
     tol
-        Stop when ``||f(x)||_inf <= tol``.
+        Stop when ``||f(x)||_inf <= tol``; default :func:`default_tolerance` of the dtype.
     maxiter
         Maximum number of Newton steps.
     damping
@@ -55,7 +71,8 @@ def newton(f: Callable, x0: torch.Tensor, *, tol: float = 1e-10, maxiter: int = 
     Returns
     -------
     NewtonResult
-        Non-convergence gives ``converged=False`` and a :class:`asd.ConvergenceWarning`.
+        Non-convergence gives ``converged=False``, a ``status`` saying why, and a
+        :class:`asd.ConvergenceWarning`. Stagnation and divergence stop the iteration at once.
     """
     if isinstance(refactor_every, bool) or not isinstance(refactor_every, int) or refactor_every < 1:
         raise InputError(f"refactor_every must be a positive integer, got {refactor_every!r}")
@@ -63,17 +80,32 @@ def newton(f: Callable, x0: torch.Tensor, *, tol: float = 1e-10, maxiter: int = 
     if not isinstance(solver, Solver):
         raise InputError(f"solver must be an asd.linalg solver object such as asd.linalg.LU(), got "
                          f"{type(solver).__name__}")
+    if not isinstance(x0, torch.Tensor):
+        arr = np.asarray(x0)
+        if arr.dtype == object or not np.issubdtype(arr.dtype, np.number):
+            raise InputError(f"x0 must be a tensor, a numpy array or a list of numbers, got {type(x0).__name__}")
+        x0 = torch.as_tensor(arr, dtype=torch.float32 if arr.dtype == np.float32 else torch.float64)
+    if isinstance(maxiter, bool) or not isinstance(maxiter, int) or maxiter < 0:
+        raise InputError(f"maxiter must be a non-negative integer, got {maxiter!r}")
     x = x0.detach().clone()
     r = f(x).reshape(-1)
     if r.numel() != x.numel():
         raise InputError(f"newton needs a square system: f returned {r.numel()} values for {x.numel()} unknowns; "
                          "use asd.solvers.least_squares for over- or underdetermined systems")
     J = SparseJacobian(f, x, **options)
-    norm = float(r.abs().max())
+    norm = float(r.abs().max()) if r.numel() else 0.0
+    if tol is None:
+        tol = default_tolerance(x.dtype, norm)
+    elif not isinstance(tol, (int, float)) or isinstance(tol, bool) or not tol >= 0:
+        raise InputError(f"tol must be a non-negative number, got {tol!r}")
     history = [norm]
     it = 0
     state, age = None, 0
+    status = "maxiter"
     while norm > tol and it < maxiter:
+        if not math.isfinite(norm):
+            status = "diverged"
+            break
         it += 1
         fresh = state is None or age >= refactor_every
         try:
@@ -83,6 +115,7 @@ def newton(f: Callable, x0: torch.Tensor, *, tol: float = 1e-10, maxiter: int = 
                 step, info = solver.compute(state, -r.detach(), warn=False)
         except SingularMatrixError as exc:
             warnings.warn(f"asd.newton: singular Jacobian at iteration {it} ({exc})", ConvergenceWarning, stacklevel=2)
+            status = "singular"
             break
         age += 1
         if not info.converged:
@@ -101,10 +134,23 @@ def newton(f: Callable, x0: torch.Tensor, *, tol: float = 1e-10, maxiter: int = 
         if not fresh and not new_norm < norm:
             state = None                       # stale factorization: refresh instead of stepping
             continue
+        if not math.isfinite(new_norm):
+            status = "diverged"
+            break
+        if damping and not new_norm < norm:
+            status = "stagnated"               # no step along the Newton direction reduces the residual
+            break
         x, r, norm = x_new, r_new, new_norm
         history.append(norm)
     converged = norm <= tol
-    if not converged:
-        warnings.warn(f"asd.newton stopped after {it} iterations with ||f(x)||_inf = {norm:.3e} > tol = {tol:.1e}",
+    if converged:
+        status = "converged"
+    else:
+        why = {"maxiter": f"after {it} iterations",
+               "stagnated": f"at iteration {it}: no damped step reduces the residual (no solution nearby, or "
+                            f"tol={tol:.1e} is below what {x.dtype} can reach)",
+               "diverged": f"at iteration {it}: the residual is no longer finite",
+               "singular": f"at iteration {it}: singular Jacobian"}[status]
+        warnings.warn(f"asd.newton stopped {why} with ||f(x)||_inf = {norm:.3e} > tol = {tol:.1e}",
                       ConvergenceWarning, stacklevel=2)
-    return NewtonResult(x, converged, it, norm, history, J)
+    return NewtonResult(x, converged, it, norm, history, J, status, tol)

@@ -83,9 +83,23 @@ def _check_option(check, default: bool):
     return True if checks_forced() else check
 
 
+def check_context(x: torch.Tensor) -> None:
+    """Refuse what autograd cannot differentiate, warn about reduced precision."""
+    if torch.is_inference_mode_enabled():
+        raise InputError("asd was called inside torch.inference_mode(), where autograd records nothing: call it "
+                         "outside the inference_mode block (torch.no_grad() around the rest is fine)")
+    if x.is_inference():
+        raise InputError("x is an inference tensor (created under torch.inference_mode()), which autograd cannot "
+                         "differentiate: pass x.clone() made outside inference mode")
+    if torch.is_autocast_enabled(x.device.type):
+        warnings.warn(f"asd: called inside torch.autocast: the derivative is computed in the autocast precision "
+                      f"({torch.get_autocast_dtype(x.device.type)}), not in {x.dtype}", RuntimeWarning, stacklevel=4)
+
+
 def _check_call_input(x, shape, dtype, device, what: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise InputError(f"{what} expects a torch.Tensor, got {type(x).__name__}")
+    check_context(x)
     if tuple(x.shape) != tuple(shape):
         raise InputError(f"{what} was prepared for inputs of shape {tuple(shape)}, got {tuple(x.shape)}; "
                          "prepare a new operator for this shape")
@@ -107,6 +121,7 @@ class _SparseOperator:
         if not callable(f):
             raise TypeError(f"f must be a callable (a function of one tensor), got {type(f).__name__}")
         check_input(x)
+        check_context(x)
         check_batch_size(batch_size)
         for name, value in (("compile", compile), ("local", local), ("strict", strict)):
             check_bool(name, value)

@@ -126,7 +126,8 @@ def sparse_matmul(A: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return SparseMatmul.apply(Constant(A), u)
 
 
-_MATMUL_NAMES = {"matmul", "__matmul__", "mm", "mv", "smm"}
+_MATMUL_NAMES = {"matmul", "__matmul__", "mm", "mv", "smm", "spmm", "_sparse_mm"}
+_ADDMM_NAMES = {"addmm", "_sparse_addmm"}
 
 
 class SparseConstantMode(TorchFunctionMode):
@@ -145,6 +146,8 @@ class SparseConstantMode(TorchFunctionMode):
                 if a.dim() == 1:
                     return sparse_matmul(_transpose(b), a)
                 return sparse_matmul(_transpose(b), a.mT).mT
-        if name == "addmm" and len(args) >= 3 and is_sparse(args[1]) and not kwargs:
-            return args[0] + sparse_matmul(args[1], args[2])
+        if name in _ADDMM_NAMES and len(args) == 3 and is_sparse(args[1]) and not is_sparse(args[2]) \
+                and set(kwargs) <= {"beta", "alpha"}:
+            beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+            return beta * args[0] + alpha * sparse_matmul(args[1], args[2])
         return func(*args, **kwargs)

@@ -22,10 +22,12 @@ PROBLEMS = ("column", "row", "star", "acyclic", "bidirectional")
 __all__ = ["color", "check", "Coloring", "ColumnColoring", "RowColoring", "StarColoring", "AcyclicColoring",
            "BiColoring", "ColumnSeeds", "RowSeeds", "ORDERS", "PROBLEMS", "save", "load"]
 
-#: a column (row) coloring is not attempted when some row (column) already holds this fraction of
-#: all columns (rows): it needs at least that many colors, so compression cannot pay, and the
-#: greedy kernel's cost grows with the square of that degree. One color per column (row) is used.
+#: a coloring is not attempted when some row (column) already holds this fraction of all columns
+#: (rows) - it needs at least that many colors, so compression cannot pay - and the greedy kernel
+#: would cost more than :data:`DENSE_COST`: one color per column (row) is used instead.
 DENSE_FRACTION = 0.5
+#: the greedy kernels' work (sum of squared degrees) above which a hopeless coloring is skipped
+DENSE_COST = 20_000_000
 
 #: extra seeded random orders tried by ``order="best"``
 BEST_RANDOM_TRIES = 3
@@ -62,9 +64,12 @@ def lower_bound(pattern: SparsityPattern, problem: str) -> int:
 
 
 def hopeless(pattern: SparsityPattern, problem: str) -> bool:
-    """Whether compression cannot pay (see :data:`DENSE_FRACTION`)."""
+    """Whether compression cannot pay and coloring would be costly (see :data:`DENSE_FRACTION`)."""
     nv = pattern.shape[0] if problem == "row" else pattern.shape[1]
-    return nv > 0 and lower_bound(pattern, problem) >= max(2, DENSE_FRACTION * nv)
+    if nv == 0 or lower_bound(pattern, problem) < max(2, DENSE_FRACTION * nv):
+        return False
+    deg = np.bincount(pattern.indices, minlength=pattern.shape[1]) if problem == "row" else np.diff(pattern.indptr)
+    return float(np.dot(deg.astype(np.float64), deg)) > DENSE_COST
 
 
 def one_color_each(pattern: SparsityPattern, problem: str) -> Coloring:
@@ -146,7 +151,7 @@ def color(pattern, problem: str = "column", order: str = "natural", *, seed: int
         return one_color_each(P, problem)
     seed = int(seed)
     if order != "best":
-        return _color_one(P, problem, order, seed, postprocess)
+        return _lattice(P, problem, _color_one(P, problem, order, seed, postprocess))
     best = None
     tries = [(o, seed) for o in BEST_ORDERS] + [("random", seed + k) for k in range(BEST_RANDOM_TRIES)]
     results = [_color_one(P, problem, o, s, postprocess) for o, s in tries]
@@ -156,7 +161,21 @@ def color(pattern, problem: str = "column", order: str = "natural", *, seed: int
             res = _iterated_greedy(res, P, problem, seed, postprocess, rounds)
         if best is None or res.ncolors < best.ncolors:
             best = res
-    return best
+    return _lattice(P, problem, best)
+
+
+def _lattice(P: SparsityPattern, problem: str, result: Coloring) -> Coloring:
+    """``result``, or a lattice coloring with fewer colors (column and row problems on grids)."""
+    if problem not in ("column", "row"):
+        return result
+    from asd.coloring.lattice import lattice_colors
+
+    Q, shape = (P, P.input_shape) if problem == "column" else (P.T, P.output_shape)
+    found = lattice_colors(Q, shape, lower_bound(P, problem), result.ncolors)
+    if found is None:
+        return result
+    cls = ColumnColoring if problem == "column" else RowColoring
+    return cls(P, result.order + "+lattice", found[0], found[1])
 
 
 def _iterated_greedy(best, pattern, problem, seed, postprocess, rounds):

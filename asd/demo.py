@@ -10,9 +10,10 @@ import torch
 
 from . import api
 from .problems import brusselator, brusselator_input
-from .timing import Progress, fmt_seconds, once, table, timeit
+from .timing import Policy, Progress, fmt_seconds, measure, ratio, table
 
-DENSE_LIMIT = 8192  # largest n for which the dense Jacobian is computed (about 5 s with jacfwd)
+DENSE_LIMIT = 8192  # largest n for which the dense Jacobian is timed (about 5 s a call with jacfwd)
+POLICY = Policy(warmup=1, repeat=5, min_time=0.02, budget=2.0)  # warm medians; slow calls get fewer samples
 
 
 def warm_up() -> float:
@@ -33,17 +34,18 @@ def run(sizes=(16, 32, 64, 128), dense_limit: int = DENSE_LIMIT, figures: str = 
         x = brusselator_input(N)
         n = x.numel()
         f = brusselator(N)  # a fresh function: nothing cached
-        t_oneoff, J = once(lambda: api.sparse_jacobian(f, x, cache=False))
+        t_oneoff = measure(lambda: api.sparse_jacobian(f, x, cache=False), POLICY).median
         op = api.prepare_jacobian(f, x)
-        t_call = timeit(lambda: op(x))
+        t_call = measure(lambda: op(x), POLICY).median
         row = dict(N=N, n=n, nnz=op.pattern.nnz, colors=op.ncolors, mode=op.mode,
                    detect=fmt_seconds(op.timings["detection"]), color=fmt_seconds(op.timings["coloring"]),
                    oneoff=fmt_seconds(t_oneoff), prepared=fmt_seconds(t_call))
         if n <= dense_limit:
-            t_dense, Jd = once(lambda: torch.func.jacfwd(f)(x))
-            err = (J.to_dense() - Jd).abs().max().item()
-            row.update(dense=fmt_seconds(t_dense), speedup_prepared=f"{t_dense / t_call:,.0f}x",
-                       speedup_oneoff=f"{t_dense / t_oneoff:,.0f}x", max_err=f"{err:.1e}")
+            dense = {}
+            t_dense = measure(lambda: dense.update(J=torch.func.jacfwd(f)(x)), POLICY).median
+            err = (op(x).to_dense() - dense["J"]).abs().max().item()
+            row.update(dense=fmt_seconds(t_dense), speedup_prepared=f"{ratio(t_dense, t_call):,.1f}x",
+                       speedup_oneoff=f"{ratio(t_dense, t_oneoff):,.1f}x", max_err=f"{err:.1e}")
         rows.append(row)
         progress.step(f"N={N}")
     print()

@@ -1,11 +1,13 @@
-"""Runs inside the JAX environment: asdex on a PEERS.md problem; prints one JSON line.
+"""Runs inside the JAX environment: asdex on a PEERS.md problem, eager and jitted, timed by the
+harness's policy (asd/timing.py, loaded by path: this environment has no torch); prints one JSON line.
 
-Usage: python _asdex_runner.py brusselator N | rosenbrock n
+Usage: python _asdex_runner.py brusselator|rosenbrock SIZE POLICY_JSON
 """
 
+import importlib.util
 import json
+import os
 import sys
-import time
 
 import jax
 
@@ -13,6 +15,15 @@ jax.config.update("jax_enable_x64", True)
 import asdex  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+
+def load_timing():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "asd", "timing.py")
+    spec = importlib.util.spec_from_file_location("asd_timing", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def brusselator(N):
@@ -27,46 +38,39 @@ def brusselator(N):
         dv = 3.4 * u - u * u * v + 10 * lap(v)
         return jnp.stack([du, dv]).reshape(-1)
 
-    return f, 2 * N * N
+    return f, 2 * N * N, asdex.jacobian
 
 
 def rosenbrock(n):
     def f(x):
         return jnp.sum(100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2)
 
-    return f, n
+    return f, n, asdex.hessian
+
+
+PROBLEMS = {"brusselator": brusselator, "rosenbrock": rosenbrock}
 
 
 def block(y):
-    leaves = jax.tree_util.tree_leaves(y)
-    for leaf in leaves:
+    for leaf in jax.tree_util.tree_leaves(y):
         if hasattr(leaf, "block_until_ready"):
             leaf.block_until_ready()
     return y
 
 
 def main():
-    problem, size = sys.argv[1], int(sys.argv[2])
-    # warm JAX itself up on a tiny instance so the one-off measures asdex, not JAX start-up
-    f0, n0 = (brusselator(4) if problem == "brusselator" else rosenbrock(10))
-    x0 = jnp.asarray(np.random.default_rng(1).random(n0))
-    prep0 = asdex.jacobian if problem == "brusselator" else asdex.hessian
-    block(jax.jit(prep0(f0, x0))(x0))
-
-    f, n = brusselator(size) if problem == "brusselator" else rosenbrock(size)
+    problem, size, policy_json = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    timing = load_timing()
+    policy = timing.Policy.from_json(json.loads(policy_json))
+    f, n, prepare = PROBLEMS[problem](size)
     x = jnp.asarray(np.random.default_rng(0).random(n))
-    prep = asdex.jacobian if problem == "brusselator" else asdex.hessian
-    t0 = time.perf_counter()
-    fn = jax.jit(prep(f, x))
-    block(fn(x))
-    oneoff = time.perf_counter() - t0
-    ts = []
-    for _ in range(30):
-        t1 = time.perf_counter()
-        block(fn(x))
-        ts.append(time.perf_counter() - t1)
-    print(json.dumps({"oneoff": oneoff, "call": float(np.median(ts)), "version": asdex.__version__
-                      if hasattr(asdex, "__version__") else "?"}))
+    variants = {"eager": lambda g: g, "jit": jax.jit}
+    oneoff, call = {}, {}
+    for label, wrap in variants.items():
+        oneoff[label] = timing.measure(lambda: block(wrap(prepare(f, x))(x)), policy).to_json()
+        fn = wrap(prepare(f, x))
+        call[label] = timing.measure(lambda: block(fn(x)), policy).to_json()
+    print(json.dumps({"oneoff": oneoff, "call": call, "version": getattr(asdex, "__version__", None)}))
 
 
 main()

@@ -1,17 +1,23 @@
 """Detection speed: Brusselator residual (N x N grid, 2 species) and a 10-layer MLP on a batch.
 
-    .venv/bin/python benchmarks/detection.py      # prints a table, writes benchmarks/results/detection.json
+    python benchmarks/detection.py           # prints a table, writes benchmarks/results/detection.json
+    python benchmarks/detection.py --quick   # tiny sizes, JSON into a temporary folder
 """
 
 from __future__ import annotations
 
-import json
-import pathlib
-import time
+import os
+import sys
 
 import torch
 
-from asd.detection import jacobian_sparsity
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402  (puts the checkout's root on sys.path)
+from harness import Session  # noqa: E402
+
+from asd.detection import jacobian_sparsity  # noqa: E402
+from asd.timing import fmt_seconds, table  # noqa: E402
 
 
 def brusselator(N: int):
@@ -36,25 +42,22 @@ def mlp(layers: int = 10, width: int = 32, batch: int = 256):
     return (lambda x: net(x)), torch.randn(batch, width, dtype=torch.float64)
 
 
-def best_of(f, x, repeat=3):
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        P = jacobian_sparsity(f, x)
-        ts.append(time.perf_counter() - t)
-    return min(ts), P
-
-
-def main():
+def main(argv=None) -> dict:
+    a = harness.parse(harness.arguments("detection", __doc__), argv)
+    torch.set_num_threads(a.threads)
+    s = Session.from_args(a)
+    N, layers, batch = (8, 2, 4) if a.quick else (256, 10, 256)
     rows = []
-    for name, (f, x), target in (("brusselator N=256", brusselator(256), 0.3),
-                                 ("mlp 10 layers, batch 256, width 32", mlp(), 0.5)):
-        t, P = best_of(f, x)
-        rows.append(dict(case=name, seconds=t, target_seconds=target, shape=list(P.shape), nnz=int(P.nnz)))
-        print(f"{name:40s} {t * 1e3:8.1f} ms (target {target * 1e3:.0f} ms)  pattern {P.shape} nnz {P.nnz}")
-    out = pathlib.Path(__file__).parent / "results" / "detection.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
+    for name, (f, x), target in ((f"brusselator N={N}", brusselator(N), 0.3),
+                                 (f"mlp {layers} layers, batch {batch}, width 32", mlp(layers, batch=batch), 0.5)):
+        t = s.measure(name, "asd.detection.jacobian_sparsity", lambda: jacobian_sparsity(f, x))
+        P = jacobian_sparsity(f, x)
+        rows.append(dict(case=name, seconds=t.median, target_seconds=target, met=t.median < target,
+                         shape=list(P.shape), nnz=int(P.nnz), timing=t.to_json()))
+    print(table([dict(r, t=fmt_seconds(r["seconds"]), goal=fmt_seconds(r["target_seconds"])) for r in rows],
+                [("case", "case"), ("t", "detection"), ("goal", "target"), ("met", "met"), ("shape", "pattern"),
+                 ("nnz", "nnz")]))
+    return harness.write(s, dict(benchmark="detection", rows=rows), a.out)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,12 @@
 """Sparse Hessians: B3 (chained Rosenbrock) and a 2-D total variation, against dense AD and peers.
 
-Prints a table and writes benchmarks/results/hessian.json; every ratio is taken within this run.
+Prints a table and writes benchmarks/results/hessian.json. Every figure is a warm median taken by
+the harness in this one run (dense torch.func.hessian included); every ratio is taken within it.
 Run with ``make bench`` (installs the peers) or ``python benchmarks/hessian.py --help``.
 """
 
 from __future__ import annotations
 
-import argparse
-import math
 import os
 import sys
 import time
@@ -16,11 +15,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import asd  # noqa: E402
+import harness  # noqa: E402  (puts the checkout's root on sys.path)
 import peers  # noqa: E402
-from common import RESULTS, Targets, peer, report  # noqa: E402
+from harness import Session, Targets, peer_value  # noqa: E402
+
+import asd  # noqa: E402
 from asd.problems import rosenbrock, total_variation  # noqa: E402
-from asd.timing import Progress, fmt_seconds, once, table, timeit  # noqa: E402
+from asd.timing import Progress, fmt_seconds, once, table  # noqa: E402
 
 DENSE_LIMIT = 4000
 
@@ -40,77 +41,76 @@ def warm_up() -> float:
     return time.perf_counter() - t0
 
 
-def measure(name: str, make_f, n: int, *, dense: bool, compile: bool, big: bool) -> dict:
+def measure(s: Session, name: str, make_f, n: int, *, dense: bool, compile: bool, peer_results=()) -> dict:
     x = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     f = make_f()
-    t_oneoff, H = once(lambda: asd.sparse_hessian(f, x, cache=False))
     op = asd.prepare_hessian(f, x)
     star = asd.prepare_hessian(f, x, coloring="star", pattern=op.pattern)
+    t = {"oneoff": s.measure(name, "asd one-off", lambda: asd.sparse_hessian(f, x, cache=False)),
+         "prepared": s.measure(name, "asd prepared", lambda: op(x))}
     r = dict(problem=name, n=n, nnz=int(op.pattern.nnz), coloring=op.coloring.problem, colors=op.ncolors,
-             star_colors=star.ncolors, detection=op.timings["detection"], coloring_time=op.timings["coloring"],
-             oneoff=t_oneoff, prepared=timeit(lambda: op(x), max_time=2 if big else 5))
+             star_colors=star.ncolors, detection=op.timings["detection"], coloring_time=op.timings["coloring"])
     if compile:
-        best = None
-        for col in ("star", op.coloring.problem):
+        compiled, first = {}, {}
+        for col in dict.fromkeys(("star", op.coloring.problem)):
             opc = asd.prepare_hessian(f, x, coloring=col, compile=True, pattern=op.pattern)
-            first, _ = once(lambda: opc(x))
-            t = timeit(lambda: opc(x), max_time=2 if big else 5)
-            if best is None or t < best[1]:
-                best = (col, t, first)
-        r["compiled_coloring"], r["compiled"], r["compile_first_call"] = best
+            first[col], _ = once(lambda: opc(x))
+            compiled[col] = lambda opc=opc: opc(x)
+        v = s.variants(name, "asd compiled", compiled)
+        t["compiled"] = v.timing
+        r["compiled_coloring"], r["compile_first_call"] = v.best, first[v.best]
+        r["compiled_variants"] = v.to_json()
+    d = {}
     if dense and n <= DENSE_LIMIT:
-        r["dense_hessian"], Hd = once(lambda: torch.func.hessian(f)(x))
-        r["max_abs_err"] = float((H.to_dense() - Hd).abs().max())
-    return r
+        d["dense_hessian"], Hd = s.measure_result(name, "torch.func.hessian", lambda: torch.func.hessian(f)(x))
+        r["max_abs_err"] = float((op(x).to_dense() - Hd).abs().max())
+    return s.row(name, r, t, d, peer_results)
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--sizes", type=int, nargs="+", default=[1000, 4000, 10**4, 10**5, 10**6])
-    p.add_argument("--peer-sizes", type=int, nargs="+", default=[10**4, 10**5])
-    p.add_argument("--tv-sizes", type=int, nargs="+", default=[64, 316])
-    p.add_argument("--no-peers", action="store_true")
+    p = harness.arguments("hessian", __doc__)
+    p.add_argument("--sizes", type=int, nargs="+", default=None, help="B3 n (default 1e3 4e3 1e4 1e5 1e6)")
+    p.add_argument("--peer-sizes", type=int, nargs="+", default=None, help="n at which the peers run (1e4 1e5)")
+    p.add_argument("--tv-sizes", type=int, nargs="+", default=None, help="TV grid sides (default 64 316)")
     p.add_argument("--no-dense", action="store_true")
-    p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=os.path.join(RESULTS, "hessian.json"))
-    a = p.parse_args(argv)
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (always skipped by --quick)")
+    a = harness.parse(p, argv)
+    sizes = a.sizes or ([10, 100] if a.quick else [1000, 4000, 10**4, 10**5, 10**6])
+    peer_sizes = a.peer_sizes or ([10] if a.quick else [10**4, 10**5])
+    tv_sizes = a.tv_sizes or ([4] if a.quick else [64, 316])
     torch.set_num_threads(a.threads)
+    s = Session.from_args(a)
     first = warm_up()
-    jobs = [("B3", n) for n in a.sizes] + [("TV", N) for N in a.tv_sizes]
-    bar = Progress(len(jobs), "hessian")
+    bar = Progress(len(sizes) + len(tv_sizes), "hessian")
     rows = []
-    for kind, size in jobs:
-        if kind == "B3":
-            r = measure(f"B3 n={size:g}", fresh_rosenbrock, size, dense=not a.no_dense,
-                        compile=not a.no_compile and size <= 10**5, big=size >= 10**6)
-            if not a.no_peers and size in a.peer_sizes:
-                r["casadi"] = peers.casadi_rosenbrock_hessian(size)
-                r["asdex"] = peers.asdex("rosenbrock", size)
-        else:
-            r = measure(f"TV {size}x{size}", lambda: total_variation(size), size * size, dense=not a.no_dense,
-                        compile=False, big=False)
-        rows.append(r)
-        bar.step(r["problem"])
-    return report("hessian", "issue 4", rows, render(rows), targets(rows), first_call=first, threads=a.threads,
-                  out=a.out)
+    for n in sizes:
+        name = f"B3 n={n:g}"
+        found = peers.run(s, name, "rosenbrock", n) if not a.no_peers and n in peer_sizes else []
+        rows.append(measure(s, name, fresh_rosenbrock, n, dense=not a.no_dense,
+                            compile=not (a.no_compile or a.quick) and n <= 10**5, peer_results=found))
+        bar.step(name)
+    for N in tv_sizes:
+        rows.append(measure(s, f"TV {N}x{N}", lambda: total_variation(N), N * N, dense=not a.no_dense, compile=False))
+        bar.step(f"TV {N}x{N}")
+    return harness.report(s, "issue 4", rows, table([cells(r) for r in rows], COLUMNS), targets(rows), first_call=first, out=a.out)
 
-def render(rows) -> str:
-    out = []
-    for r in rows:
-        out.append(dict(problem=r["problem"], nnz=r["nnz"], col=f"{r['colors']} {r['coloring']}",
-                        star=r["star_colors"], det=fmt_seconds(r["detection"]), ct=fmt_seconds(r["coloring_time"]),
-                        one=fmt_seconds(r["oneoff"]), prep=fmt_seconds(r["prepared"]),
-                        comp=(f"{fmt_seconds(r['compiled'])} ({r['compiled_coloring']})" if r.get("compiled") else "-"),
-                        dense=fmt_seconds(r.get("dense_hessian")),
-                        x=f"{r['dense_hessian'] / r['prepared']:,.0f}x" if r.get("dense_hessian") else "-",
-                        ca1=fmt_seconds(peer(r, "casadi", "oneoff")), ca2=fmt_seconds(peer(r, "casadi", "call")),
-                        ax1=fmt_seconds(peer(r, "asdex", "oneoff")), ax2=fmt_seconds(peer(r, "asdex", "call"))))
-    return table(out, [("problem", "problem"), ("nnz", "nnz"), ("col", "colors"), ("star", "star colors"),
-                       ("det", "detect"), ("ct", "color"), ("one", "one-off"), ("prep", "prepared"),
-                       ("comp", "compiled"), ("dense", "dense hessian"), ("x", "dense/prepared"),
-                       ("ca1", "CasADi one-off"), ("ca2", "CasADi call"), ("ax1", "asdex one-off"),
-                       ("ax2", "asdex call")])
+
+COLUMNS = [("problem", "problem"), ("nnz", "nnz"), ("col", "colors"), ("star", "star colors"),
+           ("det", "detect"), ("ct", "color"), ("one", "one-off"), ("prep", "prepared"),
+           ("comp", "compiled"), ("dense", "dense hessian"), ("x", "dense/prepared"),
+           *harness.PEER_COLUMNS]
+
+
+def cells(r: dict) -> dict:
+    """The table cells of one JSON row."""
+    x = r["ratios"]
+    return dict(problem=r["problem"], nnz=r["nnz"], col=f"{r['colors']} {r['coloring']}",
+                star=r["star_colors"], det=fmt_seconds(r["detection"]), ct=fmt_seconds(r["coloring_time"]),
+                one=fmt_seconds(r["oneoff"]), prep=fmt_seconds(r["prepared"]),
+                comp=(f"{fmt_seconds(r['compiled'])} ({r['compiled_coloring']})" if r.get("compiled") else "-"),
+                dense=fmt_seconds(r.get("dense_hessian")),
+                x=harness.fmt_ratio(x, "dense_hessian/prepared"),
+                **harness.peer_cells(r))
 
 
 def targets(rows) -> list[dict]:
@@ -121,19 +121,20 @@ def targets(rows) -> list[dict]:
     if b3:
         add("B3: 3 star colors at every n", all(r["star_colors"] == 3 for r in b3), [r["star_colors"] for r in b3])
     for r in b3:
-        if r["n"] == 4000 and r.get("dense_hessian"):
-            add("n=4000 prepared >= 500x faster than dense torch.func.hessian", r["dense_hessian"] / r["prepared"] >= 500,
-                f"{r['dense_hessian'] / r['prepared']:.0f}x")
+        x = r["ratios"]
+        if r["n"] == 4000 and "dense_hessian/prepared" in x:
+            add("n=4000 prepared >= 500x faster than dense torch.func.hessian", x["dense_hessian/prepared"] >= 500,
+                f"{x['dense_hessian/prepared']:.0f}x")
         if r["n"] == 10**5:
-            peer_oneoffs = [v for v in (peer(r, "casadi", "oneoff"), peer(r, "asdex", "oneoff")) if v is not None]
-            if peer_oneoffs:
-                add("n=1e5 one-off >= 5x faster than the faster peer", min(peer_oneoffs) / r["oneoff"] >= 5,
-                    f"{min(peer_oneoffs) / r['oneoff']:.1f}x")
-            best = min(v for v in (r["prepared"], r.get("compiled", math.inf)))
+            peer_oneoff = [x[k] for k in ("casadi.oneoff/oneoff", "asdex.oneoff/oneoff") if k in x]
+            if peer_oneoff:
+                add("n=1e5 one-off >= 5x faster than the faster peer's best variant", min(peer_oneoff) >= 5,
+                    f"{min(peer_oneoff):.1f}x")
             for who in ("casadi", "asdex"):
-                pc = peer(r, who, "call")
-                if pc is not None:
-                    add(f"n=1e5 prepared call faster than {who}'s", best < pc, f"{pc / best:.2f}x")
+                calls = [x[k] for k in (f"{who}.call/prepared", f"{who}.call/compiled") if k in x]
+                if calls:
+                    add(f"n=1e5 prepared call faster than {peer_value(r, who, 'label')}'s", max(calls) > 1,
+                        f"{max(calls):.2f}x")
         if r["n"] == 10**6:
             add("n=1e6 one-off < 3 s", r["oneoff"] < 3, fmt_seconds(r["oneoff"]))
     return t.items

@@ -1,12 +1,12 @@
 """Sparse Jacobians: B1 (Brusselator) and B2 (convolution) against dense AD and the peers.
 
-Prints a table and writes benchmarks/results/jacobian.json. Every ratio is taken within this one
-run. Run with ``make bench`` (installs the peers), or ``python benchmarks/jacobian.py --help``.
+Prints a table and writes benchmarks/results/jacobian.json. Every figure is a warm median taken by
+the harness in this one run (dense jacfwd/jacrev included); every ratio is taken within it. Run with
+``make bench`` (installs the peers), or ``python benchmarks/jacobian.py --help``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -15,11 +15,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import asd  # noqa: E402
+import harness  # noqa: E402  (puts the checkout's root on sys.path)
 import peers  # noqa: E402
-from common import RESULTS, Targets, peer, report  # noqa: E402
+from harness import Session, Targets, peer_value  # noqa: E402
+
+import asd  # noqa: E402
 from asd.problems import brusselator, brusselator_input, conv_layer  # noqa: E402
-from asd.timing import Progress, fmt_seconds, once, table, timeit  # noqa: E402
+from asd.timing import Progress, fmt_seconds, once, table  # noqa: E402
 
 DENSE_LIMIT = 8192
 
@@ -32,74 +34,69 @@ def warm_up() -> float:
     return time.perf_counter() - t0
 
 
-def measure(name: str, f, x, *, dense: bool, compile: bool) -> dict:
+def measure(s: Session, name: str, f, x, *, dense: bool, compile: bool, peer_results=()) -> dict:
     n = x.numel()
-    t_oneoff, J = once(lambda: asd.sparse_jacobian(f, x, cache=False))
     op = asd.prepare_jacobian(f, x)
+    t = {"oneoff": s.measure(name, "asd one-off", lambda: asd.sparse_jacobian(f, x, cache=False)),
+         "prepared": s.measure(name, "asd prepared", lambda: op(x))}
     r = dict(problem=name, n=n, m=op.pattern.shape[0], nnz=int(op.pattern.nnz), colors=op.ncolors, mode=op.mode,
-             detection=op.timings["detection"], coloring=op.timings["coloring"], oneoff=t_oneoff,
-             prepared=timeit(lambda: op(x)))
+             detection=op.timings["detection"], coloring=op.timings["coloring"])
     if compile:
         opc = asd.prepare_jacobian(f, x, compile=True)
         r["compile_first_call"], _ = once(lambda: opc(x))
-        r["compiled"] = timeit(lambda: opc(x))
-        r["compile_failed"] = opc._products[next(iter(opc._products))].compile_failed
+        t["compiled"] = s.measure(name, "asd compiled", lambda: opc(x))
+    d = {}
     if dense and n <= DENSE_LIMIT:
-        r["jacfwd"], Jd = once(lambda: torch.func.jacfwd(f)(x))
-        r["jacrev"], _ = once(lambda: torch.func.jacrev(f)(x))
-        r["max_abs_err"] = float((J.to_dense().reshape(Jd.shape) - Jd).abs().max())
-    return r
+        d["jacfwd"], Jd = s.measure_result(name, "torch.func.jacfwd", lambda: torch.func.jacfwd(f)(x))
+        d["jacrev"] = s.measure(name, "torch.func.jacrev", lambda: torch.func.jacrev(f)(x))
+        r["max_abs_err"] = float((op(x).to_dense().reshape(Jd.shape) - Jd).abs().max())
+    return s.row(name, r, t, d, peer_results)
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--sizes", type=int, nargs="+", default=[32, 64, 128, 256])
-    p.add_argument("--peer-sizes", type=int, nargs="+", default=[32, 64, 128])
-    p.add_argument("--no-peers", action="store_true")
+    p = harness.arguments("jacobian", __doc__)
+    p.add_argument("--sizes", type=int, nargs="+", default=None, help="Brusselator N (default 32 64 128 256)")
+    p.add_argument("--peer-sizes", type=int, nargs="+", default=None, help="N at which the peers run (32 64 128)")
     p.add_argument("--no-dense", action="store_true")
-    p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (peers run single-threaded)")
-    p.add_argument("--out", default=os.path.join(RESULTS, "jacobian.json"))
-    a = p.parse_args(argv)
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (always skipped by --quick)")
+    a = harness.parse(p, argv)
+    sizes = a.sizes or ([4, 8] if a.quick else [32, 64, 128, 256])
+    peer_sizes = a.peer_sizes or ([4] if a.quick else [32, 64, 128])
     torch.set_num_threads(a.threads)
+    s = Session.from_args(a)
 
     first = warm_up()
+    convs = [] if a.quick else ["a", "b"]
+    bar = Progress(len(sizes) + len(convs), "jacobian")
     rows = []
-    jobs = [("B1", N) for N in a.sizes] + [("B2", "a"), ("B2", "b")]
-    bar = Progress(len(jobs), "jacobian")
-    for kind, size in jobs:
-        if kind == "B1":
-            f, x = brusselator(size), brusselator_input(size)
-            r = measure(f"B1 N={size}", f, x, dense=not a.no_dense, compile=not a.no_compile)
-            if not a.no_peers and size in a.peer_sizes:
-                r["casadi"] = peers.casadi_brusselator(size, "MX")
-                r["asdex"] = peers.asdex("brusselator", size)
-        else:
-            f, x = conv_layer(size)
-            r = measure(f"B2{size}", f, x, dense=not a.no_dense, compile=False)
-        rows.append(r)
-        bar.step(r["problem"])
+    for N in sizes:
+        name = f"B1 N={N}"
+        found = peers.run(s, name, "brusselator", N) if not a.no_peers and N in peer_sizes else []
+        rows.append(measure(s, name, brusselator(N), brusselator_input(N), dense=not a.no_dense,
+                            compile=not (a.no_compile or a.quick), peer_results=found))
+        bar.step(name)
+    for which in convs:
+        f, x = conv_layer(which)
+        rows.append(measure(s, f"B2{which}", f, x, dense=not a.no_dense, compile=False))
+        bar.step(f"B2{which}")
+    return harness.report(s, "issue 2", rows, table([cells(r) for r in rows], COLUMNS), targets(rows), first_call=first, out=a.out)
 
-    return report("jacobian", "issue 2", rows, render(rows), targets(rows), first_call=first, threads=a.threads,
-                  out=a.out)
 
-def render(rows) -> str:
-    out = []
-    for r in rows:
-        d = dict(problem=r["problem"], n=r["n"], colors=r["colors"], mode=r["mode"],
-                 det=fmt_seconds(r["detection"]), col=fmt_seconds(r["coloring"]), oneoff=fmt_seconds(r["oneoff"]),
-                 prep=fmt_seconds(r["prepared"]), comp=fmt_seconds(r.get("compiled")),
-                 fwd=fmt_seconds(r.get("jacfwd")), rev=fmt_seconds(r.get("jacrev")),
-                 xfwd=f"{r['jacfwd'] / r['prepared']:,.0f}x" if r.get("jacfwd") else "-",
-                 xone=f"{r['jacfwd'] / r['oneoff']:,.0f}x" if r.get("jacfwd") else "-",
-                 ca1=fmt_seconds(peer(r, "casadi", "oneoff")), ca2=fmt_seconds(peer(r, "casadi", "call")),
-                 ax1=fmt_seconds(peer(r, "asdex", "oneoff")), ax2=fmt_seconds(peer(r, "asdex", "call")))
-        out.append(d)
-    return table(out, [("problem", "problem"), ("n", "n"), ("colors", "colors"), ("mode", "mode"),
-                       ("det", "detect"), ("col", "color"), ("oneoff", "one-off"), ("prep", "prepared"),
-                       ("comp", "compiled"), ("fwd", "jacfwd"), ("rev", "jacrev"), ("xfwd", "jacfwd/prepared"),
-                       ("xone", "jacfwd/one-off"), ("ca1", "CasADi one-off"), ("ca2", "CasADi call"),
-                       ("ax1", "asdex one-off"), ("ax2", "asdex call")])
+COLUMNS = [("problem", "problem"), ("n", "n"), ("colors", "colors"), ("mode", "mode"),
+           ("det", "detect"), ("col", "color"), ("oneoff", "one-off"), ("prep", "prepared"),
+           ("comp", "compiled"), ("fwd", "jacfwd"), ("rev", "jacrev"), ("xfwd", "jacfwd/prepared"),
+           ("xone", "jacfwd/one-off"), *harness.PEER_COLUMNS]
+
+
+def cells(r: dict) -> dict:
+    """The table cells of one JSON row."""
+    x = r["ratios"]
+    return dict(problem=r["problem"], n=r["n"], colors=r["colors"], mode=r["mode"],
+                det=fmt_seconds(r["detection"]), col=fmt_seconds(r["coloring"]), oneoff=fmt_seconds(r["oneoff"]),
+                prep=fmt_seconds(r["prepared"]), comp=fmt_seconds(r.get("compiled")),
+                fwd=fmt_seconds(r.get("jacfwd")), rev=fmt_seconds(r.get("jacrev")),
+                xfwd=harness.fmt_ratio(x, "jacfwd/prepared"),
+                xone=harness.fmt_ratio(x, "jacfwd/oneoff"), **harness.peer_cells(r))
 
 
 def targets(rows) -> list[dict]:
@@ -109,18 +106,19 @@ def targets(rows) -> list[dict]:
 
     r = by.get("B1 N=64")
     if r:
+        x = r["ratios"]
         add("N=64 colors <= 12", r["colors"] <= 12, r["colors"])
-        if r.get("jacfwd"):
-            add("N=64 prepared >= 500x faster than jacfwd", r["jacfwd"] / r["prepared"] >= 500,
-                f"{r['jacfwd'] / r['prepared']:.0f}x")
-            add("N=64 one-off >= 50x faster than jacfwd", r["jacfwd"] / r["oneoff"] >= 50,
-                f"{r['jacfwd'] / r['oneoff']:.0f}x")
+        if "jacfwd/prepared" in x:
+            add("N=64 prepared >= 500x faster than jacfwd", x["jacfwd/prepared"] >= 500, f"{x['jacfwd/prepared']:.0f}x")
+            add("N=64 one-off >= 50x faster than jacfwd", x["jacfwd/oneoff"] >= 50, f"{x['jacfwd/oneoff']:.0f}x")
         for who in ("casadi", "asdex"):
-            po, pc = peer(r, who, "oneoff"), peer(r, who, "call")
-            if po is not None:
-                add(f"N=64 one-off faster than {who}'s", r["oneoff"] < po, f"{po / r['oneoff']:.2f}x")
-            if pc is not None and r.get("compiled"):
-                add(f"N=64 compiled call faster than {who}'s call", r["compiled"] < pc, f"{pc / r['compiled']:.2f}x")
+            label = peer_value(r, who, "label")
+            if f"{who}.oneoff/oneoff" in x:
+                v = x[f"{who}.oneoff/oneoff"]
+                add(f"N=64 one-off faster than {who}'s best ({peer_value(r, who, 'best_oneoff')})", v > 1, f"{v:.2f}x")
+            if f"{who}.call/compiled" in x:
+                v = x[f"{who}.call/compiled"]
+                add(f"N=64 compiled call faster than {label}'s call", v > 1, f"{v:.2f}x")
     r = by.get("B1 N=256")
     if r:
         add("N=256 detection < 0.5 s", r["detection"] < 0.5, fmt_seconds(r["detection"]))

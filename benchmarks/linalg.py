@@ -5,7 +5,7 @@ PyTorch where the dense matrix fits in memory, and torchsparsegradutils when it 
 (the Makefile's benchmark environment installs it).  One thread everywhere, like seed 004.
 
     python benchmarks/linalg.py            # table + benchmarks/results/linalg.json
-    python benchmarks/linalg.py --quick    # fewer repeats, skips the slow peers and the 10^6 case
+    python benchmarks/linalg.py --quick    # tiny sizes, no slow peers, no 10^6 case, JSON into a temp folder
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import scipy  # noqa: E402
@@ -33,8 +31,12 @@ import scipy.sparse as sp  # noqa: E402
 import scipy.sparse.linalg as spla  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402  (puts the checkout's root on sys.path)
+from harness import Session  # noqa: E402
+
 import asd.linalg as al  # noqa: E402
+from asd.timing import ratio as median_ratio  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
 warnings.filterwarnings("ignore", message=".*Sparse invariant checks.*")
@@ -70,42 +72,18 @@ def to_torch(M, layout="csr", requires_grad=True) -> torch.Tensor:
     return t.requires_grad_(requires_grad)
 
 
-def timeit(f, *, budget: float, max_reps: int = 2000, min_reps: int = 3, single: bool = False) -> float:
-    """Median wall time of ``f`` in ms over repeated batches within ``budget`` seconds.
-
-    ``single=True`` (for peers that take seconds per call) times one call without warm-up.
-    """
-    t0 = time.perf_counter()
-    f()                                   # warm-up (compilation, caches)
-    one = time.perf_counter() - t0
-    if single:
-        timeit.last_min = 1e3 * one
-        return 1e3 * one
-    if one < budget:
-        t0 = time.perf_counter()
-        f()
-        one = time.perf_counter() - t0
-    reps = int(max(min_reps, min(max_reps, budget / max(one, 1e-7) / 5)))
-    batch = max(1, reps // 5) if one < 0.01 else 1
-    samples = []
-    t_end = time.perf_counter() + budget
-    while len(samples) < 5 or (time.perf_counter() < t_end and len(samples) < reps):
-        t0 = time.perf_counter()
-        for _ in range(batch):
-            f()
-        samples.append((time.perf_counter() - t0) / batch)
-        if one > budget:
-            break
-    timeit.last_min = 1e3 * float(np.min(samples))
-    return 1e3 * float(np.median(samples))
+def timed(s: Session, op, impl, phase, n, f, note=""):
+    """Time ``f`` warm (harness policy) and add its row, in ms, to RESULTS."""
+    t = s.measure(f"{op} n={n}", f"{impl} {phase}", f)
+    RESULTS.append(dict(op=op, impl=impl, phase=phase, n=n, ms=1e3 * t.median, min_ms=1e3 * t.min,
+                        iqr_ms=1e3 * t.iqr, note=note))
+    print(f"{op:9s} {impl:26s} {phase:8s} n={n:<7d} {1e3 * t.median:10.4f} ms  {note}", flush=True)
 
 
-def record(op, impl, phase, n, ms, note=""):
-    best = getattr(timeit, "last_min", None) if ms is not None else None
-    timeit.last_min = None
-    RESULTS.append(dict(op=op, impl=impl, phase=phase, n=n, ms=ms, min_ms=best, note=note))
-    ms_s = f"{ms:10.4f}" if ms is not None else "       n/a"
-    print(f"{op:9s} {impl:26s} {phase:8s} n={n:<7d} {ms_s} ms  {note}", flush=True)
+def skipped(op, impl, phase, n, note):
+    """Add a row for a measurement that cannot be taken (``ms`` None), with the reason."""
+    RESULTS.append(dict(op=op, impl=impl, phase=phase, n=n, ms=None, min_ms=None, iqr_ms=None, note=note))
+    print(f"{op:9s} {impl:26s} {phase:8s} n={n:<7d}        n/a ms  {note}", flush=True)
 
 
 def fwd_bwd(make_out, params, grad_out=None):
@@ -120,11 +98,35 @@ def fwd_bwd(make_out, params, grad_out=None):
     return run
 
 
-def guarded(op, impl, phase, n, f, budget, note="", single=False):
+def guarded(s: Session, op, impl, phase, n, f, note=""):
     try:
-        record(op, impl, phase, n, timeit(f, budget=budget, single=single), note)
+        timed(s, op, impl, phase, n, f, note)
     except Exception as e:  # noqa: BLE001 - report peers that fail, keep going
-        record(op, impl, phase, n, None, f"fails: {type(e).__name__}: {str(e).splitlines()[0][:70]}")
+        skipped(op, impl, phase, n, f"fails: {type(e).__name__}: {str(e).splitlines()[0][:70]}")
+
+
+def asd_layouts(s: Session, op, n, operands, apply, other=None, grad_out=None):
+    """Time asd's ``apply(*operands converted to CSR, then COO)`` forward (no grad) and forward + backward;
+    ``other`` is a dense operand whose gradient is taken too."""
+    for layout in ("csr", "coo"):
+        mats = [to_torch(M, layout) for M in operands]
+        params = mats + ([other] if other is not None else [])
+        with torch.no_grad():
+            timed(s, op, f"asd {layout}", "fwd", n, lambda: apply(*params))
+        timed(s, op, f"asd {layout}", "fwd+bwd", n, fwd_bwd(lambda: apply(*params), params, grad_out))
+
+
+def peer_phases(s: Session, op, impl, n, call, params, grad_out):
+    """Time a peer's ``call`` forward (no grad) and forward + backward; failures are reported."""
+    with torch.no_grad():
+        guarded(s, op, impl, "fwd", n, call)
+    guarded(s, op, impl, "fwd+bwd", n, fwd_bwd(call, params, grad_out))
+
+
+def vector(n, seed):
+    """A random vector (numpy, and a torch leaf that needs its gradient) and a random output gradient."""
+    xn = np.random.default_rng(seed).standard_normal(n)
+    return xn, torch.from_numpy(xn.copy()).requires_grad_(), torch.randn(n, dtype=torch.float64)
 
 
 # ---- B4 cases ------------------------------------------------------------------------------
@@ -141,130 +143,92 @@ def warm_up():
     al.add(A, A).values().sum().backward()
 
 
-def bench_spmv(n, budget, slow):
+def bench_spmv(s: Session, n, slow):
     M = poisson_1d(n)
-    xn = np.random.default_rng(0).standard_normal(n)
-    record("spmv", "scipy", "fwd", n, timeit(lambda: M @ xn, budget=budget))
-    x = torch.from_numpy(xn.copy()).requires_grad_()
-    g = torch.randn(n, dtype=torch.float64)
-    for layout in ("csr", "coo"):
-        A = to_torch(M, layout)
-        with torch.no_grad():
-            record("spmv", f"asd {layout}", "fwd", n, timeit(lambda: al.matmul(A, x), budget=budget))
-        record("spmv", f"asd {layout}", "fwd+bwd", n,
-               timeit(fwd_bwd(lambda: al.matmul(A, x), [A, x], g), budget=budget))
+    xn, x, g = vector(n, 0)
+    timed(s, "spmv", "scipy", "fwd", n, lambda: M @ xn)
+    asd_layouts(s, "spmv", n, [M], al.matmul, x, g)
     A = to_torch(M, "csr")
     x2 = x.detach().reshape(n, 1).requires_grad_()
     with torch.no_grad():
-        record("spmv", "torch csr", "fwd", n, timeit(lambda: A @ x.detach(), budget=budget))
-    guarded("spmv", "torch csr (sparse.mm)", "fwd+bwd", n,
-            fwd_bwd(lambda: torch.sparse.mm(A, x2), [A, x2], g.reshape(n, 1)), budget)
+        timed(s, "spmv", "torch csr", "fwd", n, lambda: A @ x.detach())
+    guarded(s, "spmv", "torch csr (sparse.mm)", "fwd+bwd", n,
+            fwd_bwd(lambda: torch.sparse.mm(A, x2), [A, x2], g.reshape(n, 1)))
     Ac = to_torch(M, "coo")
     with torch.no_grad():
-        record("spmv", "torch coo", "fwd", n, timeit(lambda: torch.sparse.mm(Ac, x2), budget=budget))
+        timed(s, "spmv", "torch coo", "fwd", n, lambda: torch.sparse.mm(Ac, x2))
     if slow:
-        guarded("spmv", "torch coo (sparse.mm)", "fwd+bwd", n,
-                fwd_bwd(lambda: torch.sparse.mm(Ac, x2), [Ac, x2], g.reshape(n, 1)), budget,
-                "one call", single=True)
+        guarded(s, "spmv", "torch coo (sparse.mm)", "fwd+bwd", n,
+                fwd_bwd(lambda: torch.sparse.mm(Ac, x2), [Ac, x2], g.reshape(n, 1)))
     if tsgu is not None:
-        with torch.no_grad():
-            guarded("spmv", "torchsparsegradutils", "fwd", n, lambda: tsgu.sparse_mm(A, x2), budget)
-        guarded("spmv", "torchsparsegradutils", "fwd+bwd", n,
-                fwd_bwd(lambda: tsgu.sparse_mm(A, x2), [A, x2], g.reshape(n, 1)), budget)
+        peer_phases(s, "spmv", "torchsparsegradutils", n, lambda: tsgu.sparse_mm(A, x2), [A, x2], g.reshape(n, 1))
     dense_note(n, "spmv", "dense mv")
 
 
 def dense_note(n, op, what):
     if n * n * 8 > DENSE_LIMIT_BYTES:
-        record(op, what, "fwd", n, None, f"dense {n}x{n} float64 ({n * n * 8 / 2**30:.1f} GiB) "
-                                          f"does not fit the {DENSE_LIMIT_BYTES / 2**30:.0f} GiB limit")
+        skipped(op, what, "fwd", n, f"dense {n}x{n} float64 ({n * n * 8 / 2**30:.1f} GiB) "
+                                    f"does not fit the {DENSE_LIMIT_BYTES / 2**30:.0f} GiB limit")
         return False
     return True
 
 
-def bench_add(n, budget):
+def bench_add(s: Session, n):
     M = poisson_1d(n)
     M2 = sp.diags_array([1.0, 1.0], offsets=[-2, 2], shape=(n, n), format="csr")
-    record("add", "scipy", "fwd", n, timeit(lambda: M + M2, budget=budget))
-    for layout in ("csr", "coo"):
-        A, B = to_torch(M, layout), to_torch(M2, layout)
-        with torch.no_grad():
-            record("add", f"asd {layout}", "fwd", n, timeit(lambda: al.add(A, B), budget=budget))
-        record("add", f"asd {layout}", "fwd+bwd", n,
-               timeit(fwd_bwd(lambda: al.add(A, B), [A, B]), budget=budget))
+    timed(s, "add", "scipy", "fwd", n, lambda: M + M2)
+    asd_layouts(s, "add", n, [M, M2], al.add)
     A, B = to_torch(M, "csr"), to_torch(M2, "csr")
     with torch.no_grad():
-        guarded("add", "torch csr", "fwd", n, lambda: A + B, budget)
-    guarded("add", "torch csr", "fwd+bwd", n, fwd_bwd(lambda: A + B, [A, B]), budget)
+        guarded(s, "add", "torch csr", "fwd", n, lambda: A + B)
+    guarded(s, "add", "torch csr", "fwd+bwd", n, fwd_bwd(lambda: A + B, [A, B]))
     dense_note(n, "add", "dense add")
 
 
-def bench_spspmm(n, budget):
+def bench_spspmm(s: Session, n):
     M = poisson_1d(n)
-    record("spspmm", "scipy", "fwd", n, timeit(lambda: M @ M, budget=budget))
-    for layout in ("csr", "coo"):
-        A, B = to_torch(M, layout), to_torch(M, layout)
-        with torch.no_grad():
-            record("spspmm", f"asd {layout}", "fwd", n, timeit(lambda: al.matmul(A, B), budget=budget))
-        record("spspmm", f"asd {layout}", "fwd+bwd", n,
-               timeit(fwd_bwd(lambda: al.matmul(A, B), [A, B]), budget=budget))
+    timed(s, "spspmm", "scipy", "fwd", n, lambda: M @ M)
+    asd_layouts(s, "spspmm", n, [M, M], al.matmul)
     A, B = to_torch(M, "csr"), to_torch(M, "csr")
     with torch.no_grad():
-        guarded("spspmm", "torch csr", "fwd", n, lambda: A @ B, budget)
-    guarded("spspmm", "torch csr", "fwd+bwd", n, fwd_bwd(lambda: A @ B, [A, B]), budget)
+        guarded(s, "spspmm", "torch csr", "fwd", n, lambda: A @ B)
+    guarded(s, "spspmm", "torch csr", "fwd+bwd", n, fwd_bwd(lambda: A @ B, [A, B]))
 
 
-def bench_spdmm(n, k, budget):
+def bench_spdmm(s: Session, n, k):
     M = poisson_1d(n)
     Xn = np.random.default_rng(1).standard_normal((n, k))
-    record("spdmm", "scipy", "fwd", n, timeit(lambda: M @ Xn, budget=budget), f"B dense {n}x{k}")
+    note = f"B dense {n}x{k}"
+    timed(s, "spdmm", "scipy", "fwd", n, lambda: M @ Xn, note)
     X = torch.from_numpy(Xn).requires_grad_()
     G = torch.randn(n, k, dtype=torch.float64)
     A = to_torch(M, "csr")
     with torch.no_grad():
-        record("spdmm", "asd csr", "fwd", n, timeit(lambda: al.matmul(A, X), budget=budget), f"B dense {n}x{k}")
-    record("spdmm", "asd csr", "fwd+bwd", n, timeit(fwd_bwd(lambda: al.matmul(A, X), [A, X], G), budget=budget),
-           f"B dense {n}x{k}")
+        timed(s, "spdmm", "asd csr", "fwd", n, lambda: al.matmul(A, X), note)
+    timed(s, "spdmm", "asd csr", "fwd+bwd", n, fwd_bwd(lambda: al.matmul(A, X), [A, X], G), note)
     with torch.no_grad():
-        guarded("spdmm", "torch csr", "fwd", n, lambda: A @ X, budget, f"B dense {n}x{k}")
-    guarded("spdmm", "torch csr (sparse.mm)", "fwd+bwd", n,
-            fwd_bwd(lambda: torch.sparse.mm(A, X), [A, X], G), budget, f"B dense {n}x{k}")
+        guarded(s, "spdmm", "torch csr", "fwd", n, lambda: A @ X, note)
+    guarded(s, "spdmm", "torch csr (sparse.mm)", "fwd+bwd", n, fwd_bwd(lambda: torch.sparse.mm(A, X), [A, X], G), note)
     if tsgu is not None:
-        guarded("spdmm", "torchsparsegradutils", "fwd+bwd", n,
-                fwd_bwd(lambda: tsgu.sparse_mm(A, X), [A, X], G), budget, f"B dense {n}x{k}")
+        guarded(s, "spdmm", "torchsparsegradutils", "fwd+bwd", n, fwd_bwd(lambda: tsgu.sparse_mm(A, X), [A, X], G), note)
     if dense_note(n, "spdmm", "dense mm"):
         Ad = torch.from_numpy(M.toarray()).requires_grad_()
-        record("spdmm", "dense mm", "fwd+bwd", n,
-               timeit(fwd_bwd(lambda: Ad @ X, [Ad, X], G), budget=budget, single=True),
-               f"B dense {n}x{k}, one call")
+        timed(s, "spdmm", "dense mm", "fwd+bwd", n, fwd_bwd(lambda: Ad @ X, [Ad, X], G), note)
         del Ad
 
 
-def bench_trsv(n, budget):
+def bench_trsv(s: Session, n):
     Ln = sp.tril(poisson_1d(n)).tocsr()
-    bn = np.random.default_rng(2).standard_normal(n)
-    record("trsv", "scipy spsolve_triangular", "fwd", n,
-           timeit(lambda: spla.spsolve_triangular(Ln, bn, lower=True), budget=budget))
-    b = torch.from_numpy(bn.copy()).requires_grad_()
-    g = torch.randn(n, dtype=torch.float64)
-    for layout in ("csr", "coo"):
-        L = to_torch(Ln, layout)
-        with torch.no_grad():
-            record("trsv", f"asd {layout}", "fwd", n, timeit(lambda: al.triangular_solve(L, b), budget=budget))
-        record("trsv", f"asd {layout}", "fwd+bwd", n,
-               timeit(fwd_bwd(lambda: al.triangular_solve(L, b), [L, b], g), budget=budget))
+    bn, b, g = vector(n, 2)
+    timed(s, "trsv", "scipy spsolve_triangular", "fwd", n, lambda: spla.spsolve_triangular(Ln, bn, lower=True))
+    asd_layouts(s, "trsv", n, [Ln], al.triangular_solve, b, g)
     L = to_torch(Ln, "csr")
     b2 = b.detach().reshape(n, 1).requires_grad_()
     with torch.no_grad():
-        guarded("trsv", "torch csr triangular_solve", "fwd", n,
-                lambda: torch.triangular_solve(b2, L, upper=False), budget)
+        guarded(s, "trsv", "torch csr triangular_solve", "fwd", n, lambda: torch.triangular_solve(b2, L, upper=False))
     if tsgu is not None:
-        with torch.no_grad():
-            guarded("trsv", "torchsparsegradutils", "fwd", n,
-                    lambda: tsgu.sparse_triangular_solve(L, b2, upper=False), budget)
-        guarded("trsv", "torchsparsegradutils", "fwd+bwd", n,
-                fwd_bwd(lambda: tsgu.sparse_triangular_solve(L, b2, upper=False), [L, b2], g.reshape(n, 1)),
-                budget)
+        peer_phases(s, "trsv", "torchsparsegradutils", n, lambda: tsgu.sparse_triangular_solve(L, b2, upper=False),
+                    [L, b2], g.reshape(n, 1))
     dense_note(n, "trsv", "dense triangular solve")
 
 
@@ -332,11 +296,10 @@ def targets(scale) -> list[dict]:
     rows = []
 
     def ratio(name, num, den, goal, better):
-        a, b = num, den
-        if a is None or b is None:
+        v = median_ratio(num, den)
+        if v is None:
             rows.append(dict(target=name, value=None, goal=goal, met=None))
             return
-        v = a / b
         met = v <= goal if better == "le" else v >= goal
         rows.append(dict(target=name, value=v, goal=goal, met=bool(met)))
 
@@ -371,38 +334,32 @@ def targets(scale) -> list[dict]:
     return rows
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short timing budget, skip slow peers and 10^6 case")
-    ap.add_argument("--budget", type=float, default=None, help="seconds of timing per measurement")
+def main(argv=None):
+    ap = harness.arguments("linalg", __doc__)
     ap.add_argument("--grid", type=int, default=1000, help="2-D Poisson grid side for the scale case")
     ap.add_argument("--cg-iters", type=int, default=50, help="CG iterations (forward and adjoint) in the scale case")
     ap.add_argument("--spdmm-cols", type=int, default=256, help="columns of the dense operand of SpDMM")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "linalg.json"))
     ap.add_argument("--scale-case", choices=["spmv", "cg"], help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = harness.parse(ap, argv)
     if args.scale_case:
         print(json.dumps(scale_case(args.scale_case, args.grid, args.cg_iters)))
         return
-    budget = args.budget or (0.3 if args.quick else 1.5)
+    s = Session.from_args(args)
+    n1, n2, k = (256, 128, 8) if args.quick else (32768, 16384, args.spdmm_cols)
     print(f"asd.linalg benchmark (B4), 1 thread, torch {torch.__version__}, scipy {scipy.__version__}, "
           f"torchsparsegradutils {'absent' if tsgu is None else getattr(tsgu, '__version__', 'present')}")
     warm_up()
-    bench_spmv(32768, budget, slow=not args.quick)
-    bench_add(32768, budget)
-    bench_trsv(32768, budget)
-    bench_spspmm(16384, budget)
-    bench_spdmm(16384, args.spdmm_cols, budget)
+    bench_spmv(s, n1, slow=not args.quick)
+    bench_add(s, n1)
+    bench_trsv(s, n1)
+    bench_spspmm(s, n2)
+    bench_spdmm(s, n2, k)
     scale = {} if args.quick else bench_scale(args.grid, args.cg_iters)
     rows = targets(scale)
-    out = dict(machine=dict(platform=platform.platform(), processor=platform.processor(),
-                            python=platform.python_version(), torch=torch.__version__,
-                            scipy=scipy.__version__, threads=1,
-                            torchsparsegradutils=None if tsgu is None else getattr(tsgu, "__version__", "present")),
-               units="ms per call (median of batches; min_ms: fastest batch)", results=RESULTS, scale=scale, targets=rows)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"\nwrote {args.out}")
+    machine = dict(harness.machine(), scipy=scipy.__version__,
+                   torchsparsegradutils=None if tsgu is None else getattr(tsgu, "__version__", "present"))
+    return harness.write(s, dict(machine=machine, units="ms per call (median of warm samples; min_ms: fastest sample)",
+                                 results=RESULTS, scale=scale, targets=rows), args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,179 @@
+"""The benchmark harness: warm-up and median policy on a fake clock, best-variant labelling, ratios,
+where quick runs write, and ``python -m asd bench --quick`` end to end (every script, its JSON)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from asd.timing import Policy, Timing, best_variant, measure, ratio
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import harness  # noqa: E402
+
+
+class FakeClock:
+    """A clock that only moves when the timed function runs: call ``i`` lasts ``durations[i]``."""
+
+    def __init__(self, durations):
+        self.now, self.durations, self.calls = 0.0, list(durations), 0
+
+    def __call__(self):
+        return self.now
+
+    def fn(self):
+        self.now += self.durations[min(self.calls, len(self.durations) - 1)]
+        self.calls += 1
+
+
+def test_warm_up_calls_are_not_samples_and_the_median_is_reported():
+    clock = FakeClock([10.0, 9.0, 1.0, 5.0, 2.0, 4.0, 3.0])
+    t = measure(clock.fn, Policy(warmup=2, repeat=5, min_time=0.0, budget=100.0), clock=clock)
+    assert clock.calls == 7
+    assert t.samples == (1.0, 5.0, 2.0, 4.0, 3.0)
+    assert t.first == 10.0 and t.warmup == 2 and t.number == 1
+    assert t.median == 3.0 and t.min == 1.0
+    assert t.quartiles == (2.0, 4.0) and t.iqr == 2.0
+
+
+def test_fast_calls_are_looped_within_a_sample():
+    clock = FakeClock([0.001])
+    t = measure(clock.fn, Policy(warmup=1, repeat=3, min_time=0.01, budget=100.0), clock=clock)
+    assert t.number == 10
+    assert clock.calls == 1 + 3 * 10
+    assert t.median == pytest.approx(0.001)
+
+
+def test_budget_cuts_samples_of_slow_calls_but_keeps_warm_up_and_one_sample():
+    clock = FakeClock([3.0])
+    t = measure(clock.fn, Policy(warmup=1, repeat=7, min_time=0.0, budget=5.0), clock=clock)
+    assert clock.calls == 3 and len(t.samples) == 2  # warm-up, then 3 s + 3 s >= the 5 s budget
+    clock = FakeClock([3.0])
+    t = measure(clock.fn, Policy(warmup=1, repeat=7, min_time=0.0, budget=0.0), clock=clock)
+    assert clock.calls == 2 and t.samples == (3.0,) and t.quartiles == (3.0, 3.0)
+
+
+def test_policy_refuses_no_warm_up_or_no_sample():
+    with pytest.raises(ValueError, match="warmup"):
+        Policy(warmup=0)
+    with pytest.raises(ValueError, match="repeat"):
+        Policy(repeat=0)
+    assert Policy.from_json(Policy(repeat=3).to_json()) == Policy(repeat=3)
+
+
+def test_timing_round_trips_through_json():
+    t = Timing((0.5, 0.25, 1.0), 4, 1, 2.0)
+    d = json.loads(json.dumps(t.to_json()))
+    assert Timing.from_json(d) == t
+    assert d["median"] == 0.5 and d["min"] == 0.25 and set(d) >= {"q1", "q3", "iqr", "samples"}
+
+
+def test_best_variant_and_ratio():
+    sx, mx = Timing((2.0,), 1, 1, 2.0), Timing((1.0,), 1, 1, 1.0)
+    assert best_variant({"SX": sx, "MX": mx}) == "MX"
+    assert best_variant({"a": sx, "b": Timing((2.0,), 1, 1, 2.0)}) == "a"  # ties: first given
+    with pytest.raises(ValueError, match="no variant"):
+        best_variant({})
+    assert ratio(sx, mx) == 2.0 and ratio(3.0, mx) == 3.0
+    assert ratio(None, mx) is None and ratio(sx, None) is None
+
+
+def test_session_labels_best_variants_and_computes_ratios_in_one_place():
+    s = harness.Session("t", Policy(warmup=1, repeat=1, min_time=0.0, budget=0.0))
+    T = lambda v: Timing((v,), 1, 1, v)  # noqa: E731
+    casadi = harness.PeerResult("casadi", harness.Variants("casadi", {"SX": T(4.0), "MX": T(2.0)}),
+                                harness.Variants("casadi", {"SX": T(30.0), "MX": T(60.0)}), version="x")
+    absent = harness.PeerResult.failed("asdex", "not installed")
+    r = s.ratios("B1", {"oneoff": T(10.0), "prepared": T(1.0)}, {"jacfwd": T(100.0), "jacrev": None},
+                 [casadi, absent])
+    assert r == {"jacfwd/oneoff": 10.0, "jacfwd/prepared": 100.0, "casadi.oneoff/oneoff": 3.0,
+                 "casadi.call/prepared": 2.0}
+    assert any(c["best_variants"] == {"casadi.call": "casadi MX"} for c in s.comparisons)
+    j = casadi.to_json()
+    assert j["best"] == "MX" and j["label"] == "casadi MX" and j["best_oneoff"] == "SX"
+    assert j["call"] == 2.0 and j["oneoff"] == 30.0 and set(j["variants"]) == {"SX", "MX"}
+    assert absent.to_json() == {"error": "not installed"}
+
+    calls = []
+    v = s.variants("B1", "asd compiled", {"star": lambda: calls.append("star"), "acyclic": lambda: None})
+    assert v.best in ("star", "acyclic") and calls == ["star", "star"]  # one warm-up, one sample
+    assert [m["variant"] for m in s.measurements] == ["star", "acyclic"]
+
+
+def test_measure_result_returns_the_last_result_of_warm_calls():
+    s = harness.Session("t", Policy(warmup=2, repeat=3, min_time=0.0, budget=100.0))
+    calls = []
+    t, last = s.measure_result("c", "dense", lambda: calls.append(len(calls)) or len(calls))
+    assert len(calls) == 5 and last == 5 and len(t.samples) == 3 and t.warmup == 2
+
+
+def test_quick_runs_never_write_into_results(tmp_path, monkeypatch):
+    monkeypatch.setenv(harness.OUT_ENV, str(tmp_path))
+    assert harness.output_path("x", None, quick=True) == str(tmp_path / "x.json")
+    assert harness.output_path("x", None, quick=False) == os.path.join(harness.RESULTS, "x.json")
+    with pytest.raises(SystemExit, match="never writes"):
+        harness.output_path("x", os.path.join(harness.RESULTS, "x.json"), quick=True)
+    monkeypatch.delenv(harness.OUT_ENV)
+    assert not harness.output_path("x", None, quick=True).startswith(harness.RESULTS)
+
+
+def _timings(record):
+    return record["harness"]["measurements"]
+
+
+def test_every_benchmark_quick(tmp_path):
+    """``python -m asd bench --quick`` runs every script; each JSON carries the harness's fields."""
+    before = {p: p.stat().st_mtime for p in (ROOT / "benchmarks" / "results").glob("*.json")}
+    env = dict(os.environ, ASD_BENCH_OUT=str(tmp_path), ASD_JAX_PYTHON=str(tmp_path / "no-jax"))
+    out = subprocess.run([sys.executable, "-m", "asd", "bench", "--quick"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    from asd.bench import NAMES
+
+    for name in NAMES:
+        record = json.loads((tmp_path / f"{name}.json").read_text())
+        h = record["harness"]
+        assert h["quick"] is True and h["policy"]["warmup"] >= 1
+        assert _timings(record), name
+        for m in _timings(record):
+            assert {"case", "impl", "variant", "median", "min", "iqr", "samples", "warmup"} <= set(m)
+            assert m["warmup"] >= 1 and len(m["samples"]) >= 1 and m["min"] <= m["median"]
+
+    for name in ("jacobian", "hessian"):
+        rows = json.loads((tmp_path / f"{name}.json").read_text())["rows"]
+        dense = "jacfwd" if name == "jacobian" else "dense_hessian"
+        assert all(f"{dense}/prepared" in r["ratios"] and r["timings"][dense]["warmup"] >= 1 for r in rows)
+        peer_rows = [r for r in rows if "casadi" in r]
+        assert peer_rows, f"{name}: no row ran the peers"
+        for r in peer_rows:
+            c = r["casadi"]
+            if "error" in c:  # casadi is optional
+                continue
+            assert set(c["variants"]) == {"SX", "MX"} and c["label"] == f"casadi {c['best']}"
+            assert c["call"] == c["variants"][c["best"]]["call"]["median"]
+            assert r["ratios"]["casadi.call/prepared"] == pytest.approx(c["call"] / r["prepared"])
+            assert "error" in r["asdex"]  # no JAX environment here: skipped, with the reason
+    lap = json.loads((tmp_path / "coloring.json").read_text())["laplacian"]
+    if "igraph_colors" in lap:  # igraph is optional
+        assert set(lap["ratios"]) == {"igraph/star", "igraph/acyclic"}
+    assert before == {p: p.stat().st_mtime for p in (ROOT / "benchmarks" / "results").glob("*.json")}
+
+
+@pytest.mark.slow
+def test_asdex_runner_times_eager_and_jit(tmp_path):
+    """The JAX runner uses the same policy and reports both variants (needs .venv-bench-jax)."""
+    import peers
+
+    if not os.path.exists(peers.jax_python()):
+        pytest.skip("no JAX environment (make bench creates .venv-bench-jax)")
+    s = harness.Session("t", Policy(warmup=1, repeat=2, min_time=0.0, budget=60.0))
+    r = peers.asdex(s, "B1 N=4", "brusselator", 4)
+    assert r.error is None, r.error
+    assert set(r.call.timings) == {"eager", "jit"} and r.call.best in ("eager", "jit")
+    assert all(t.warmup == 1 and len(t.samples) == 2 for t in r.call.timings.values())
+    assert {m["impl"] for m in s.measurements} == {"asdex call", "asdex one-off"}

@@ -56,7 +56,7 @@ def _warn_if_dense(coloring, pattern: SparsityPattern) -> None:
     nv = pattern.shape[1] if isinstance(coloring, (ColumnColoring, BiColoring)) else pattern.shape[0]
     if nv >= 8 and coloring.ncolors > DENSE_WARNING_FRACTION * nv:
         hint = ("coloring='bidirectional' reads dense rows and columns from the other mode; " if
-                not isinstance(coloring, BiColoring) else "")
+                isinstance(coloring, (ColumnColoring, RowColoring)) else "")
         warnings.warn(f"asd: the {coloring.problem} coloring needs {coloring.ncolors} products for {nv} "
                       f"{'columns' if nv == pattern.shape[1] else 'rows'} (density {pattern.density:.2g}): "
                       f"compression barely pays; {hint}dense AD (torch.func.jacrev/jacfwd) costs about the same",
@@ -91,7 +91,7 @@ def check_context(x: torch.Tensor) -> None:
     if x.is_inference():
         raise InputError("x is an inference tensor (created under torch.inference_mode()), which autograd cannot "
                          "differentiate: pass x.clone() made outside inference mode")
-    if torch.is_autocast_enabled(x.device.type):
+    if x.device.type in ("cpu", "cuda", "xpu", "mps") and torch.is_autocast_enabled(x.device.type):
         warnings.warn(f"asd: called inside torch.autocast: the derivative is computed in the autocast precision "
                       f"({torch.get_autocast_dtype(x.device.type)}), not in {x.dtype}", RuntimeWarning, stacklevel=4)
 
@@ -380,8 +380,7 @@ class SparseJacobian(_SparseOperator):
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
                  check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None):
         from .coloring import color, hopeless
-        from .detection import jacobian_sparsity
-        jacobian_pattern = lambda f, x, **kw: as_pattern(jacobian_sparsity(f, x, **kw))  # TEMPORARY-SHIM
+        from .detection import jacobian_pattern
 
         self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
                          kwargs=kwargs)
@@ -495,8 +494,7 @@ class SparseHessian(_SparseOperator):
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
                  check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None):
         from .coloring import color, symmetric_pattern
-        from .detection import hessian_sparsity
-        hessian_pattern = lambda f, x, **kw: as_pattern(hessian_sparsity(f, x, **kw))  # TEMPORARY-SHIM
+        from .detection import hessian_pattern
 
         self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
                          kwargs=kwargs)

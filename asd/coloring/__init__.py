@@ -54,9 +54,8 @@ def _color_one(pattern, problem, order, seed, postprocess, perm=None) -> Colorin
 
 
 def lower_bound(pattern: SparsityPattern, problem: str) -> int:
-    """A lower bound of the colors: the densest row for a column coloring (and, of a symmetric
-    pattern, for star and acyclic colorings), the densest column for a row coloring."""
-    if problem != "row":
+    """A lower bound of the colors of a column (row) coloring: the densest row (column)."""
+    if problem == "column":
         deg = np.diff(pattern.indptr)
     else:
         deg = np.bincount(pattern.indices, minlength=pattern.shape[1])
@@ -64,9 +63,19 @@ def lower_bound(pattern: SparsityPattern, problem: str) -> int:
 
 
 def hopeless(pattern: SparsityPattern, problem: str) -> bool:
-    """Whether compression cannot pay and coloring would be costly (see :data:`DENSE_FRACTION`)."""
+    """Whether compression cannot pay and coloring would be costly (see :data:`DENSE_FRACTION`).
+
+    Column and row colorings need at least as many colors as the densest row (column) has
+    entries; symmetric (distance-1) colorings have no such bound from degrees (an arrowhead's
+    dense row needs one color), so for them the pattern itself must be mostly full.
+    """
     nv = pattern.shape[0] if problem == "row" else pattern.shape[1]
-    if nv == 0 or lower_bound(pattern, problem) < max(2, DENSE_FRACTION * nv):
+    if nv == 0:
+        return False
+    if problem in ("column", "row"):
+        if lower_bound(pattern, problem) < max(2, DENSE_FRACTION * nv):
+            return False
+    elif pattern.nnz < DENSE_FRACTION * nv * nv:
         return False
     deg = np.bincount(pattern.indices, minlength=pattern.shape[1]) if problem == "row" else np.diff(pattern.indptr)
     return float(np.dot(deg.astype(np.float64), deg)) > DENSE_COST

@@ -1,8 +1,9 @@
 """Hessian sparsity patterns: second-order index-set tracing at tensor level.
 
-The Hessian tracer is the Jacobian tracer (:mod:`asd.detection.tracer`) plus one shared ``n x n``
-boolean pattern ``H``, updated after every rule from the op's second-order class in the registry
-(:mod:`asd.detection.registry`; Hill and Dalle's global second-order tracer, one tensor at a time):
+The Hessian tracer is the Jacobian tracer (:mod:`asd.detection.torch_tracer`) plus one shared
+``n x n`` boolean pattern ``H``, updated after every rule from the op's second-order class in the
+rule table (:mod:`asd.detection.table`; Hill and Dalle's global second-order tracer, one tensor at a
+time):
 
 * ``"zero"``, ``"linear"``: nothing (zero-derivative ops already cut the first-order sets);
 * ``"nonlinear"`` without ``pairs``: ``H |= G^T G`` for the output's first-order sets ``G``, that is
@@ -32,12 +33,15 @@ import scipy.sparse as sp
 import torch
 
 from ..errors import InputError
+from ..patterns import SparsityPattern
 from . import sets as S
-from .jacobian import check_input
-from .registry import Rule
-from .tracer import Call, TracedTensor, Tracer, is_differentiable_dtype
+from ._core import Call, TracedTensor, is_differentiable_dtype
+from .jacobian import check_input, pattern_of_sets
+from .rules.reductions import _dims, group_ids
+from .table import Rule
+from .torch_tracer import Tracer, trace
 
-__all__ = ["HessianTracer", "hessian_sparsity"]
+__all__ = ["HessianTracer", "hessian_pattern", "hessian_sparsity"]
 
 
 @dataclass
@@ -180,8 +184,6 @@ class HessianTracer(Tracer):
         element of a product, the same one: counts ``U^T U - E^T E`` with ``U`` the per-product
         unions and ``E`` the entries unique to their product decide it.
         """
-        from .rules.reductions import _dims, group_ids
-
         bound = call.bound()
         x = bound.get("self")
         if not _carries_sets(x):
@@ -246,6 +248,37 @@ def _sum(pieces: list, n: int) -> sp.csr_matrix:
     return out
 
 
+def hessian_pattern(f: Callable, x: torch.Tensor, *, local: bool = False, strict: bool = False) -> SparsityPattern:
+    """The Hessian sparsity pattern of the scalar function ``f`` as a frozen, symmetric
+    :class:`asd.patterns.SparsityPattern` with ``input_shape = output_shape = x.shape``.
+
+    Arguments as for :func:`hessian_sparsity`, which returns the same structure as a scipy array.
+    """
+    check_input(x)
+    n = x.numel()
+    y, tracer = trace(f, x, local=local, strict=strict, tracer_cls=HessianTracer)
+    if not isinstance(y, torch.Tensor):
+        raise InputError(f"the function returned {type(y).__name__}; hessian_sparsity needs a function "
+                         "returning a tensor with one element (sum or reduce a vector objective)")
+    if y.is_complex() or not y.is_floating_point():
+        raise InputError(f"the function returned a tensor of dtype {y.dtype}; its Hessian needs a real "
+                         "floating-point output")
+    if y.numel() != 1:
+        raise InputError(f"the function returned a tensor of shape {tuple(y.shape)}; hessian_sparsity "
+                         "needs a scalar (one element) output: reduce it (e.g. .sum()), or use "
+                         "jacobian_sparsity for a vector function")
+    if isinstance(y, TracedTensor):
+        grad = y.sets
+        H = tracer.pattern()
+        if grad.nnz < n and H.nnz:
+            idx = np.unique(grad.indices)
+            Dk = sp.csr_matrix((np.ones(len(idx), dtype=bool), (idx, idx)), shape=(n, n))
+            H = S._canonical(Dk @ H @ Dk)
+    else:
+        H = S.empty(n, n)
+    return pattern_of_sets(H, tuple(x.shape), tuple(x.shape))
+
+
 def hessian_sparsity(f: Callable, x: torch.Tensor, *, local: bool = False, strict: bool = False) -> sp.csr_array:
     """Sparsity pattern of the Hessian of the scalar function ``f`` at (``local=True``) or around ``x``.
 
@@ -266,30 +299,4 @@ def hessian_sparsity(f: Callable, x: torch.Tensor, *, local: bool = False, stric
     scipy.sparse.csr_array
         Symmetric boolean pattern of shape ``(x.numel(), x.numel())`` in row-major flattening.
     """
-    check_input(x)
-    n = x.numel()
-    tracer = HessianTracer(n, local=local, strict=strict, device=x.device)
-    tx = tracer.input(x)
-    with tracer:
-        y = f(tx)
-    if not isinstance(y, torch.Tensor):
-        raise InputError(f"the function returned {type(y).__name__}; hessian_sparsity needs a function "
-                         "returning a tensor with one element (sum or reduce a vector objective)")
-    if y.is_complex() or not y.is_floating_point():
-        raise InputError(f"the function returned a tensor of dtype {y.dtype}; its Hessian needs a real "
-                         "floating-point output")
-    if y.numel() != 1:
-        raise InputError(f"the function returned a tensor of shape {tuple(y.shape)}; hessian_sparsity "
-                         "needs a scalar (one element) output: reduce it (e.g. .sum()), or use "
-                         "jacobian_sparsity for a vector function")
-    if isinstance(y, TracedTensor):
-        grad = y.sets
-        H = tracer.pattern()
-        if grad.nnz < n and H.nnz:
-            idx = np.unique(grad.indices)
-            Dk = sp.csr_matrix((np.ones(len(idx), dtype=bool), (idx, idx)), shape=(n, n))
-            H = S._canonical(Dk @ H @ Dk)
-    else:
-        H = S.empty(n, n)
-    return sp.csr_array((np.ones(H.nnz, dtype=bool), H.indices.astype(np.int64), H.indptr.astype(np.int64)),
-                        shape=(n, n))
+    return hessian_pattern(f, x, local=local, strict=strict).to_scipy()

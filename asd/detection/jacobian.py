@@ -7,12 +7,15 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 import torch
-
-from ..errors import InputError
-from . import sets as S
 from torch.utils._pytree import tree_flatten
 
-from .tracer import TracedTensor, Tracer, trace  # noqa: F401  (trace: re-exported for callers)
+from ..errors import InputError
+from ..patterns import SparsityPattern
+from . import sets as S
+from ._core import TracedTensor
+from .torch_tracer import Tracer
+
+__all__ = ["check_input", "jacobian_pattern", "jacobian_sparsity", "output_sets", "pattern_of_sets"]
 
 
 def check_input(x) -> None:
@@ -54,8 +57,18 @@ def output_sets(y, n: int) -> sp.csr_matrix:
     return S.vstack(mats) if len(mats) > 1 else mats[0]
 
 
-def _as_csr_array(sets: sp.csr_matrix) -> sp.csr_array:
-    return sp.csr_array((np.ones(sets.nnz, dtype=bool), sets.indices.copy(), sets.indptr.copy()), shape=sets.shape)
+def pattern_of_sets(sets: sp.csr_matrix, input_shape=None, output_shape=None) -> SparsityPattern:
+    """The frozen pattern of a finished trace's set matrix. Its index arrays are handed over (made
+    read-only, not copied): nothing may write to ``sets`` afterwards."""
+    if not sets.has_canonical_format:  # a user rule may return unsorted or repeated indices
+        sets = sets.tocsr(copy=True)
+        sets.sum_duplicates()
+    arrays = []
+    for a in (sets.indptr, sets.indices):
+        a = np.ascontiguousarray(a, dtype=np.int64)
+        a.setflags(write=False)
+        arrays.append(a)
+    return SparsityPattern(sets.shape, arrays[0], arrays[1], input_shape, output_shape)
 
 
 def _column_block(rows: int, offset: int, n: int) -> sp.csr_matrix:
@@ -107,6 +120,28 @@ def _normalize(x, argnums):
     return xs, selected, as_tuple
 
 
+def jacobian_pattern(f: Callable, x, *, argnums=None, local: bool = False, strict: bool = False):
+    """The Jacobian sparsity pattern of ``f`` as a frozen :class:`asd.patterns.SparsityPattern`.
+
+    Arguments as for :func:`jacobian_sparsity`, which returns the same structure as scipy arrays.
+    The pattern's ``input_shape`` is the shape of the input its columns number, its
+    ``output_shape`` the shape of ``f``'s output (``(m,)`` for a pytree of outputs). For a tuple
+    ``x`` the result is a tuple of patterns, one per selected input (a single pattern for an int
+    ``argnums``).
+    """
+    xs, selected, as_tuple = _normalize(x, argnums)
+    y, tracer, offsets = trace_inputs(f, xs, selected, local=local, strict=strict)
+    sets = output_sets(y, tracer.n)
+    out_shape = tuple(y.shape) if isinstance(y, torch.Tensor) else None
+    if len(selected) == 1 and not as_tuple:
+        return pattern_of_sets(sets, tuple(xs[selected[0]].shape), out_shape)
+    sets = sets.tocsc()
+    blocks = tuple(pattern_of_sets(S._canonical(sets[:, int(offsets[k]):int(offsets[k + 1])]),
+                                   tuple(xs[i].shape), out_shape)
+                   for k, i in enumerate(selected))
+    return blocks if as_tuple else blocks[0]
+
+
 def jacobian_sparsity(f: Callable, x, *, argnums=None, local: bool = False, strict: bool = False):
     """Sparsity pattern of the Jacobian of ``f`` at (``local=True``) or around (global) ``x``.
 
@@ -145,12 +180,5 @@ def jacobian_sparsity(f: Callable, x, *, argnums=None, local: bool = False, stri
     asd.errors.InputError
         For integer, complex or sparse inputs, or an output that is not a floating-point tensor.
     """
-    xs, selected, as_tuple = _normalize(x, argnums)
-    y, tracer, offsets = trace_inputs(f, xs, selected, local=local, strict=strict)
-    sets = output_sets(y, tracer.n)
-    if len(selected) == 1 and not as_tuple:
-        return _as_csr_array(sets)
-    sets = sets.tocsc()
-    blocks = tuple(_as_csr_array(S._canonical(sets[:, int(offsets[k]):int(offsets[k + 1])]))
-                   for k in range(len(selected)))
-    return blocks if as_tuple else blocks[0]
+    P = jacobian_pattern(f, x, argnums=argnums, local=local, strict=strict)
+    return tuple(p.to_scipy() for p in P) if isinstance(P, tuple) else P.to_scipy()

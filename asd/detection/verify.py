@@ -11,6 +11,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..errors import InputError
+from ..patterns import SparsityPattern
 from .jacobian import check_input, jacobian_sparsity
 
 
@@ -55,7 +56,8 @@ def _dense_jacobian(f: Callable, x: torch.Tensor) -> np.ndarray:
 
 def verify(f: Callable, x: torch.Tensor, pattern=None, *, points: int = 3, scale: float = 1.0,
            local: bool = False, atol: float = 0.0, seed: int = 0) -> VerifyReport:
-    """Check ``pattern`` (default: ``jacobian_sparsity(f, x, local=local)``) against dense Jacobians
+    """Check ``pattern`` (a scipy sparse matrix, a dense array or an :class:`asd.SparsityPattern`;
+    default: ``jacobian_sparsity(f, x, local=local)``) against dense Jacobians
     of ``f`` (computed with autograd in ``x``'s dtype) at ``x`` and at ``points - 1`` random points
     ``x + scale * N(0, 1)`` (with ``local=True``: at ``x`` only, where a local pattern holds).
 
@@ -66,6 +68,8 @@ def verify(f: Callable, x: torch.Tensor, pattern=None, *, points: int = 3, scale
         raise InputError(f"points must be at least 1, got {points}")
     if pattern is None:
         pattern = jacobian_sparsity(f, x, local=local)
+    elif isinstance(pattern, SparsityPattern):
+        pattern = pattern.to_scipy()
     P = sp.csr_array(pattern).astype(bool)
     gen = torch.Generator().manual_seed(seed)
     observed = None

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from .. import sets as S
-from ..registry import aten_ops, register_rule
-from ..tracer import Call, TracedTensor, is_differentiable_dtype
+from .._core import Call, TracedTensor, is_differentiable_dtype
+from ..table import aten_ops, register_rule
 
 aten = torch.ops.aten
 
@@ -111,11 +111,11 @@ NONLINEAR_UNARY = aten_ops(
     "exp", "exp2", "expm1", "log", "log10", "log1p", "log2", "sqrt", "rsqrt", "reciprocal",
     "sigmoid", "logit", "erf", "erfc", "erfinv", "lgamma", "digamma", "polygamma", "i0", "sinc",
     "special_i0e", "special_i1", "special_i1e", "special_ndtr", "special_ndtri", "special_log_ndtr",
-    "special_erfcx", "special_entr", "special_xlog1py", "special_xlogy", "special_zeta",
+    "special_erfcx", "special_entr", "special_zeta",
     "special_bessel_j0", "special_bessel_j1", "special_spherical_bessel_j0", "gelu", "silu",
     "mish", "elu", "celu", "selu", "softplus", "log_sigmoid_forward", "mvlgamma", "square",
-    "pow", "float_power", "xlogy", "logaddexp", "logaddexp2", "hypot", "atan2", "arctan2",
-    "igamma", "igammac", "ldexp", "polar", "erfinv_", "nan_to_num", "angle", "exp_", "log_", "sqrt_",
+    "pow", "float_power", "logaddexp", "logaddexp2", "hypot", "atan2", "arctan2",
+    "igamma", "igammac", "ldexp", "polar", "erfinv_", "angle", "exp_", "log_", "sqrt_",
     "sin_", "cos_", "tanh_", "sigmoid_", "pow_", "reciprocal_", "rsqrt_",
 )
 PIECEWISE_LINEAR = aten_ops(
@@ -124,11 +124,9 @@ PIECEWISE_LINEAR = aten_ops(
 )
 LINEAR = aten_ops(
     "add", "add_", "sub", "sub_", "rsub", "neg", "neg_", "positive", "_to_copy", "conj_physical",
-    "_conj_physical", "real", "imag", "deg2rad", "rad2deg", "frac", "lerp", "lerp_", "_to_dense", "complex",
-    "native_dropout_backward", "to_dense", "_neg_view", "_conj", "resolve_conj", "resolve_neg",
+    "_conj_physical", "real", "imag", "deg2rad", "rad2deg", "frac", "_to_dense", "complex",
+    "native_dropout_backward", "to_dense", "_neg_view", "_conj", "resolve_conj", "resolve_neg", "nan_to_num",
 )
-BILINEAR = aten_ops("mul", "mul_", "addcmul", "addcmul_", "prelu", "_prelu_kernel")
-NONLINEAR_NARY = aten_ops("addcdiv", "addcdiv_")
 ZERO = aten_ops(
     "eq", "ne", "lt", "le", "gt", "ge", "eq_", "ne_", "lt_", "le_", "gt_", "ge_", "sign", "sign_",
     "sgn", "floor", "floor_", "ceil", "ceil_", "round", "round_", "trunc", "trunc_", "fix",
@@ -139,18 +137,31 @@ ZERO = aten_ops(
     "searchsorted", "bucketize", "histc", "bincount", "isin", "zeros_like", "ones_like", "full_like",
     "empty_like", "rand_like", "randn_like", "randint_like", "new_zeros", "new_ones", "new_full",
     "new_empty", "new_empty_strided", "empty_strided", "bernoulli", "bernoulli_", "uniform_",
-    "normal_", "random_", "exponential_", "geometric_", "log_normal_", "dropout_mask",
+    "normal_", "random_", "exponential_", "geometric_", "log_normal_",
     "is_same_size", "_is_all_true", "_is_any_true", "allclose", "isclose",
     "unique_consecutive", "_unique2", "unique_dim", "detach_", "cauchy_",
 )
 
-register_rule(NONLINEAR_UNARY + NONLINEAR_NARY, broadcast_union, second_order="nonlinear",
-              family="elementwise")
+# linear in ``self``, nonlinear in ``other``
+_QUOTIENT = (("self", "other"), ("other", "other"))
+
+register_rule(NONLINEAR_UNARY, broadcast_union, second_order="nonlinear", family="elementwise")
+register_rule(aten_ops("xlogy", "special_xlogy", "special_xlog1py"), broadcast_union, second_order="nonlinear",
+              pairs=_QUOTIENT, family="elementwise")
+register_rule(aten_ops("addcdiv", "addcdiv_"), broadcast_union, second_order="nonlinear",
+              pairs=(("tensor1", "tensor2"), ("tensor2", "tensor2")), family="elementwise")
 register_rule(PIECEWISE_LINEAR, broadcast_union, second_order="linear", family="elementwise")
 register_rule(LINEAR, broadcast_union, second_order="linear", family="elementwise")
-register_rule(BILINEAR, broadcast_union, second_order="bilinear", family="elementwise")
+register_rule(aten_ops("mul", "mul_"), broadcast_union, second_order="bilinear", pairs=(("self", "other"),),
+              family="elementwise")
+register_rule(aten_ops("addcmul", "addcmul_"), broadcast_union, second_order="bilinear",
+              pairs=(("tensor1", "tensor2"),), family="elementwise")
+register_rule(aten_ops("prelu", "_prelu_kernel"), broadcast_union, second_order="bilinear",
+              pairs=(("self", "weight"),), family="elementwise")
+register_rule(aten_ops("lerp", "lerp_"), broadcast_union, second_order="bilinear",
+              pairs=(("weight", "self"), ("weight", "end")), family="elementwise")
 register_rule(ZERO, zero, second_order="zero", family="elementwise")
-register_rule(aten_ops("div", "div_", "true_divide"), div_rule, second_order="nonlinear",
+register_rule(aten_ops("div", "div_", "true_divide"), div_rule, second_order="nonlinear", pairs=_QUOTIENT,
               family="elementwise")
 register_rule(aten_ops("copysign", "copysign_", "nextafter", "nextafter_"), _skipping("other"), second_order="linear",
               family="elementwise")

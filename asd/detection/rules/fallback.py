@@ -11,7 +11,7 @@ import numpy as np
 from torch.utils._pytree import tree_flatten
 
 from .. import sets as S
-from ..tracer import Call, TracedTensor, is_differentiable_dtype
+from .._core import Call, TracedTensor, is_differentiable_dtype
 
 
 def conservative(call: Call) -> list:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import aten_ops, register_rule
-from ..tracer import Call
+from .._core import Call
+from ..table import aten_ops, register_rule
 from .nn import slice_union, to_out
 
 aten = torch.ops.aten

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from .. import sets as S
-from ..registry import aten_ops, register_rule
-from ..tracer import Call
+from .._core import Call
+from ..table import aten_ops, register_rule
 from .linear import _combine
 
 aten = torch.ops.aten

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from .. import sets as S
-from ..registry import aten_ops, register_rule
-from ..tracer import Call, TracedTensor, is_differentiable_dtype
+from .._core import Call, TracedTensor, is_differentiable_dtype
+from ..table import aten_ops, register_rule
 
 aten = torch.ops.aten
 
@@ -163,7 +163,7 @@ BATCH_DENSE = aten_ops(
     "cholesky", "linalg_matrix_exp", "matrix_exp", "_linalg_slogdet", "_linalg_det", "_linalg_eigh",
     "linalg_eig", "_linalg_eigvals", "linalg_householder_product", "linalg_lu", "ormqr", "cholesky_inverse",
     "geqrf", "linalg_ldl_factor_ex", "linalg_matrix_power", "inverse", "logdet", "det", "slogdet",
-    "linalg_eigvals", "linalg_svdvals", "_linalg_svdvals", "symeig", "lu", "_lu_with_info",
+    "linalg_eigvals", "linalg_svdvals", "_lu_with_info",
 )
 SOLVES = aten_ops("_linalg_solve_ex", "linalg_solve_triangular", "triangular_solve", "linalg_lu_solve",
                   "cholesky_solve", "linalg_lstsq")

@@ -16,8 +16,8 @@ import scipy.sparse as sp
 import torch
 
 from .. import sets as S
-from ..registry import aten_ops, register_rule
-from ..tracer import Call, TracedTensor
+from .._core import Call, TracedTensor
+from ..table import aten_ops, register_rule
 from .elementwise import operand_sets
 
 aten = torch.ops.aten
@@ -251,9 +251,16 @@ def _pool_rule(d: int, adaptive: bool = False):
     return rule
 
 
-register_rule(aten_ops("mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot", "vdot", "addbmm",
-                       "_addmm_activation", "_sparse_addmm") + [aten._sparse_mm.default], mm_rule, second_order="bilinear", family="linear")
-register_rule(aten_ops("convolution", "_convolution"), conv_rule, second_order="bilinear", family="linear")
+# products: only the multiplied operand elements interact (see asd.detection.hessian)
+for names_, pair in ((("mm", "bmm"), ("self", "mat2")), (("addmm",), ("mat1", "mat2")),
+                     (("baddbmm", "addbmm"), ("batch1", "batch2")), (("mv",), ("self", "vec")),
+                     (("addmv",), ("mat", "vec")), (("dot",), ("self", "tensor")), (("vdot",), ("self", "other"))):
+    register_rule(aten_ops(*names_), mm_rule, second_order="bilinear", pairs=(pair,), interaction="contraction",
+                  family="linear")
+register_rule(aten._addmm_activation, mm_rule, second_order="nonlinear", family="linear")  # gelu epilogue
+register_rule([aten._sparse_addmm, aten._sparse_mm.default], mm_rule, second_order="bilinear", family="linear")
+register_rule(aten_ops("convolution", "_convolution"), conv_rule, second_order="bilinear",
+              pairs=(("input", "weight"),), family="linear")
 for dim_, names in ((1, ("max_pool1d_with_indices", "avg_pool1d", "max_pool1d")),
                     (2, ("max_pool2d_with_indices", "avg_pool2d", "max_pool2d")),
                     (3, ("max_pool3d_with_indices", "avg_pool3d", "max_pool3d"))):

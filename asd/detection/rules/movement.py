@@ -17,8 +17,11 @@ from torch.utils._pytree import tree_flatten
 
 from ...errors import TracingError
 from .. import sets as S
-from ..registry import aten_ops, register_rule
-from ..tracer import Call, TracedTensor, is_differentiable_dtype
+from .._core import Call, TracedTensor, is_differentiable_dtype
+from ..table import aten_ops, register_rule
+from .elementwise import broadcast_union
+from .fallback import conservative
+from .reductions import group_ids
 
 aten = torch.ops.aten
 
@@ -119,9 +122,7 @@ def movement(call: Call) -> list:
     except _UnknownSelector:
         return unknown_selection(call)
     if res is None:
-        from .fallback import conservative
-
-        call.tracer._unsupported(call.func)
+        call.unsupported()
         return conservative(call)
     return res
 
@@ -133,8 +134,6 @@ def unknown_selection(call: Call) -> list:
     b = call.bound()
     name = call.func.overloadpacket.__name__
     if name in ("gather", "take_along_dim") and b.get("dim") is not None:
-        from .reductions import group_ids
-
         x = b["self"]
         s = call.sets(x)
         if s is None:
@@ -151,8 +150,6 @@ def unknown_selection(call: Call) -> list:
         og = pos[torch.meshgrid(*idx, indexing="ij")] if oshape else pos
         og = og.expand(oshape).reshape(-1).numpy()
         return [S.take_rows(u, og)] + [None] * (len(call.outs) - 1)
-    from .fallback import conservative
-
     return conservative(call)
 
 
@@ -163,8 +160,6 @@ def selection(call: Call) -> list:
     except (_UnknownSelector, IndexError):  # unknown mask, or operands whose ids do not line up
         res = None
     if res is None:
-        from .elementwise import broadcast_union
-
         return broadcast_union(call)
     return res
 
@@ -226,8 +221,8 @@ MOVEMENT_OPS = aten_ops(
     "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "repeat_interleave", "fill", "fill_",
     "zero_", "unfold", "lift_fresh_copy", "_reshape_copy", "flatten",
     "movedim", "moveaxis", "narrow", "tile", "ravel", "swapaxes", "swapdims",
-    "embedding", "_unsafe_masked_index", "unsafe_split",
-    "unsafe_split_with_sizes", "unsafe_chunk",
+    "embedding", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk",
+    optional=["_unsafe_masked_index"],  # torch >= 2.5
 )
 
 register_rule(MOVEMENT_OPS, movement, second_order="linear", family="movement")
@@ -303,10 +298,16 @@ def accumulate(call: Call) -> list:
     return [S.union(parts, out.numel(), call.n)]
 
 
-register_rule(aten_ops("index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce",
-                       "scatter_reduce_", "index_put", "index_put_", "_index_put_impl_", "scatter",
-                       "scatter_", "index_reduce", "index_reduce_", "put", "put_"),
+register_rule(aten_ops("index_add", "index_add_", "scatter_add", "scatter_add_", "index_put", "index_put_",
+                       "_index_put_impl_", "put", "put_")
+              + [aten.scatter.src, aten.scatter.value, aten.scatter.src_out, aten.scatter.value_out,
+                 aten.scatter_.src, aten.scatter_.value],
               accumulate, second_order="linear", family="movement")
+# the reduction modes may multiply (prod); the sum, mean, amax and amin modes alone would be linear
+register_rule(aten_ops("scatter_reduce", "scatter_reduce_", "index_reduce", "index_reduce_")
+              + [aten.scatter.reduce, aten.scatter.value_reduce, aten.scatter.reduce_out,
+                 aten.scatter.value_reduce_out, aten.scatter_.reduce, aten.scatter_.value_reduce],
+              accumulate, second_order="nonlinear", family="movement")
 
 
 # -- complex views: (..., 2) real pairs <-> complex elements -------------------------------------------

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from .. import sets as S
-from ..registry import aten_ops, register_rule
-from ..tracer import Call, TracedTensor, is_differentiable_dtype
+from .._core import Call, TracedTensor, is_differentiable_dtype
+from ..table import aten_ops, register_rule
 from .elementwise import broadcast_union, operand_sets
 
 aten = torch.ops.aten
@@ -161,7 +161,8 @@ def batch_norm_rule(call: Call) -> list:
     return res
 
 
-register_rule(aten_ops("native_layer_norm", "_fused_rms_norm"), layer_norm_rule, second_order="nonlinear",
+# _fused_rms_norm: torch >= 2.8
+register_rule(aten_ops("native_layer_norm", optional=["_fused_rms_norm"]), layer_norm_rule, second_order="nonlinear",
               family="nn")
 register_rule(aten_ops("native_group_norm"), group_norm_rule, second_order="nonlinear", family="nn")
 register_rule(aten_ops("native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update",

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from .. import sets as S
-from ..registry import aten_ops, register_rule
-from ..tracer import Call, TracedTensor, is_differentiable_dtype
+from .._core import Call, TracedTensor, is_differentiable_dtype
+from ..table import aten_ops, overloads_except, register_rule
 
 aten = torch.ops.aten
 
@@ -155,31 +155,24 @@ def _local_selection(call: Call, x, dims: list[int]):
     return [S.take_rows(s, picked), None]
 
 
-def _overloads_except(packets, *excluded: str) -> list:
-    """All overloads of ``packets`` but those named ``excluded`` (e.g. ``max.other``, elementwise)."""
-    out = []
-    for p in packets:
-        out += [getattr(p, o) for o in p.overloads() if f"{p.__name__}.{o}" not in excluded]
-    return out
-
-
 ELEMENTWISE_OVERLOADS = ("max.other", "min.other", "max.out", "min.out", "max.unary_out", "min.unary_out")
 LINEAR_REDUCTIONS = aten_ops("sum", "mean", "nansum", "nanmean")
 SELECTIONS = aten_ops("amax", "amin", "aminmax", "max", "min", "median", "nanmedian", "mode", "kthvalue")
 SMOOTH_REDUCTIONS = aten_ops(
-    "prod", "logsumexp", "linalg_vector_norm", "norm", "var", "std", "var_mean", "std_mean",
+    "logsumexp", "linalg_vector_norm", "norm", "var", "std", "var_mean", "std_mean",
     "special_logsumexp", "linalg_norm", "frobenius_norm", "nuclear_norm",
 )
-ALONG_DIM = aten_ops("_softmax", "_log_softmax", "softmax", "log_softmax", "_safe_softmax",
-                     "special_softmax", "special_log_softmax")
+ALONG_DIM = aten_ops("_softmax", "_log_softmax", "softmax", "log_softmax", "special_softmax", "special_log_softmax",
+                     optional=["_safe_softmax"])  # torch >= 2.5
 CUMULATIVE = aten_ops("cumsum", "cumsum_", "cumprod", "cumprod_", "logcumsumexp", "cummax", "cummin",
                       "_cummax_helper", "_cummin_helper")
 SORTING = aten_ops("sort", "topk", "msort")
 
 register_rule(LINEAR_REDUCTIONS, reduction, second_order="linear", family="reductions")
-register_rule(_overloads_except(SELECTIONS, *ELEMENTWISE_OVERLOADS), reduction, second_order="linear",
+register_rule(overloads_except(SELECTIONS, *ELEMENTWISE_OVERLOADS), reduction, second_order="linear",
               family="reductions")
 register_rule(SMOOTH_REDUCTIONS, reduction, second_order="nonlinear", family="reductions")
+register_rule(aten.prod, reduction, second_order="nonlinear", interaction="multilinear", family="reductions")
 register_rule(ALONG_DIM, along_dim, second_order="nonlinear", family="reductions")
 register_rule(aten_ops("cumsum", "cumsum_"), cumulative, second_order="linear", family="reductions")
 register_rule([op for op in CUMULATIVE if op not in aten_ops("cumsum", "cumsum_")], cumulative,

@@ -1,188 +1,33 @@
-"""Tensor-level index-set tracing with ``__torch_dispatch__``.
-
-A :class:`TracedTensor` wraps a *primal* (a meta tensor under global tracing, a real tensor under
-local tracing or for constants created inside the traced function) and refers to a
-:class:`Storage` that holds one index-set row per element of the storage's base tensor. Views share
-the storage of their base and keep an element map into it, so in-place writes through any view
-(``r[1:-1] = ...``) update the sets every other view sees, as they update the values.
+"""The ``__torch_dispatch__`` front end: tensor-level index-set tracing of a torch function.
 
 While a :class:`Tracer` is active, a dispatch mode sees every ATen call made by the traced function:
-factory calls (``torch.zeros``, ``torch.arange``) return traced constants, view ops share storage,
-in-place ops write sets back, and every other op is propagated by its rule from the registry.
+factory calls (``torch.zeros``, ``torch.arange``) return traced constants, view ops share storage
+(see :mod:`asd.detection._core`), in-place ops write sets back, and every other op is propagated by
+its rule from the table (:mod:`asd.detection.table`).
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import scipy.sparse as sp
 import torch
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import TracingError, UnsupportedOpError, UnsupportedOpWarning
 from . import sets as S
-from .registry import lookup
+from ._core import Call, Storage, TracedTensor, bind, is_differentiable_dtype, pop_tracer, push_tracer
+from .rules.fallback import conservative
+from .rules.movement import view_ids
+from .table import aten_ops, lookup
+
+__all__ = ["Tracer", "trace"]
 
 aten = torch.ops.aten
-
-FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
-            torch.complex32, torch.complex64, torch.complex128)
-
-
-def is_differentiable_dtype(dtype: torch.dtype) -> bool:
-    return dtype in FLOATING
-
-
-class Storage:
-    """Index sets (and the primal base tensor) shared by a base tensor and all its views."""
-
-    __slots__ = ("primal", "sets", "epoch")
-
-    def __init__(self, primal: torch.Tensor, sets: sp.csr_matrix):
-        self.primal = primal
-        self.sets = sets
-        self.epoch = 0
-
-    def make_meta(self) -> None:
-        if not self.primal.is_meta:
-            self.primal = self.primal.to("meta")
-            self.epoch += 1
-
-
-class TracedTensor(torch.Tensor):
-    """A tensor that carries the index sets of its elements through a traced function."""
-
-    _storage: Storage
-    _idx: np.ndarray | None
-    _geom: tuple
-    _epoch: int
-    _primal: torch.Tensor
-
-    @staticmethod
-    def __new__(cls, storage: Storage, primal: torch.Tensor, idx: np.ndarray | None, device: torch.device):
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, primal.shape, strides=primal.stride(), storage_offset=primal.storage_offset(),
-            dtype=primal.dtype, layout=primal.layout, device=device, requires_grad=False,
-        )
-        r._storage = storage
-        r._idx = idx
-        r._primal = primal
-        r._geom = (tuple(primal.shape), tuple(primal.stride()), primal.storage_offset())
-        r._epoch = storage.epoch
-        return r
-
-    @property
-    def primal(self) -> torch.Tensor:
-        if self._epoch != self._storage.epoch:
-            size, stride, offset = self._geom
-            self._primal = self._storage.primal.as_strided(size, stride, offset)
-            self._epoch = self._storage.epoch
-        return self._primal
-
-    @property
-    def sets(self) -> sp.csr_matrix:
-        """Index sets of this tensor's elements (row-major), shape ``(numel, n)``."""
-        if self._idx is None:
-            return self._storage.sets
-        return S.take_rows(self._storage.sets, self._idx)
-
-    def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105
-        kind = "meta" if self.primal.is_meta else "real"
-        return f"TracedTensor(shape={tuple(self.shape)}, dtype={self.dtype}, {kind})"
-
-    def _values(self, what: str) -> torch.Tensor:
-        p = self.primal
-        if p.is_meta:
-            raise TracingError(
-                f"{what} on a traced tensor under global tracing: its values are unknown (conversion "
-                "to Python numbers, lists or numpy arrays leaves the traced computation). Pass "
-                "local=True to trace at a point, or keep the computation in torch ops."
-            )
-        return p
-
-    def tolist(self):
-        return self._values(".tolist()").tolist()
-
-    def numpy(self, *, force: bool = False):
-        raise TracingError(
-            ".numpy() / np.asarray on a traced tensor: numpy cannot see index sets, so the dependence "
-            "would be lost. Keep the computation in torch ops (or detach() to use values as constants)."
-        )
-
-    def __array__(self, dtype=None, copy=None):
-        return self.numpy()
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        tracer = Tracer.current()
-        if tracer is None:
-            raise TracingError(
-                f"a traced tensor was used outside of sparsity tracing (in {func}); "
-                "do not keep tensors from a traced call"
-            )
-        return tracer.dispatch(func, args, kwargs or {})
-
-
-@dataclass
-class Call:
-    """What a rule sees: the op, its original arguments, their primals, and the output primals."""
-
-    func: torch._ops.OpOverload
-    args: tuple
-    kwargs: dict
-    pargs: tuple
-    pkwargs: dict
-    outs: list
-    tracer: "Tracer"
-    _bound: dict | None = field(default=None, repr=False)
-
-    @property
-    def n(self) -> int:
-        return self.tracer.n
-
-    @property
-    def local(self) -> bool:
-        return self.tracer.local
-
-    def bound(self) -> dict[str, Any]:
-        """Arguments by schema name (original objects), defaults filled in."""
-        if self._bound is None:
-            self._bound = bind(self.func, self.args, self.kwargs)
-        return self._bound
-
-    def pbound(self) -> dict[str, Any]:
-        """Arguments by schema name with tensors replaced by their primals."""
-        return bind(self.func, self.pargs, self.pkwargs)
-
-    def sets(self, t) -> sp.csr_matrix | None:
-        """Index sets of argument ``t``, or ``None`` when it depends on no input."""
-        if isinstance(t, TracedTensor) and is_differentiable_dtype(t.dtype):
-            s = t.sets
-            return s if s.nnz else None
-        return None
-
-    def empty(self, rows: int) -> sp.csr_matrix:
-        return S.empty(rows, self.n)
-
-
-def bind(func, args, kwargs) -> dict[str, Any]:
-    """Match positional and keyword arguments to the op's schema names."""
-    out: dict[str, Any] = {}
-    schema = func._schema.arguments
-    for i, a in enumerate(schema):
-        if i < len(args) and not a.kwarg_only:
-            out[a.name] = args[i]
-        elif a.name in kwargs:
-            out[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
-        else:
-            out[a.name] = None
-    return out
 
 
 def _alias_of_returns(func) -> list[tuple[int | None, bool]]:
@@ -227,10 +72,9 @@ _SHAPE_NEEDS_NO_DATA = {aten.masked_select.default, aten.linalg_lstsq.default}
 # Ops that update running statistics in place as a side effect (batch norm in training mode). The
 # update is not part of the op's result, so it runs on private copies: tracing leaves the user's
 # buffers untouched, and the buffers need not be traced.
-_STAT_UPDATES = {op for name in ("native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update",
-                                 "batch_norm_update_stats", "cudnn_batch_norm", "miopen_batch_norm")
-                 if hasattr(aten, name) for op in [getattr(aten, name)] for op in
-                 [getattr(op, o) for o in op.overloads()]}
+_STAT_UPDATES = {getattr(packet, o) for packet in aten_ops(
+    "native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update", "batch_norm_update_stats",
+    "cudnn_batch_norm", "miopen_batch_norm") for o in packet.overloads()}
 _STAT_NAMES = ("running_mean", "running_var")
 
 
@@ -329,8 +173,6 @@ class Tracer:
         The device traced tensors report (the user's input device).
     """
 
-    _stack: list["Tracer"] = []
-
     def __init__(self, n: int, *, local: bool, strict: bool = False, device=None):
         self.n = n
         self.local = local
@@ -340,18 +182,14 @@ class Tracer:
         self.fallback_ops: set[str] = set()
 
     # -- context ------------------------------------------------------------------------------
-    @classmethod
-    def current(cls) -> "Tracer | None":
-        return cls._stack[-1] if cls._stack else None
-
     def __enter__(self):
         self._mode = _Mode(self)
         self._mode.__enter__()
-        Tracer._stack.append(self)
+        push_tracer(self)
         return self
 
     def __exit__(self, *exc):
-        Tracer._stack.pop()
+        pop_tracer(self)
         self._mode.__exit__(*exc)
         return False
 
@@ -467,9 +305,7 @@ class Tracer:
     def _run_rule(self, call: Call) -> list:
         rule = lookup(call.func)
         if rule is None:
-            from .rules.fallback import conservative
-
-            self._unsupported(call.func)
+            self.unsupported(call.func)
             out_sets = conservative(call)
         else:
             out_sets = rule.fn(call)
@@ -487,7 +323,8 @@ class Tracer:
         """Hook run after every rule (``rule`` is ``None`` for the fallback); subclasses such as
         the Hessian tracer record second-order information here."""
 
-    def _unsupported(self, func) -> None:
+    def unsupported(self, func) -> None:
+        """Record that ``func`` is traced by the conservative rule: warn once, or raise under strict."""
         name = str(func)
         self.fallback_ops.add(name)
         if self.strict:
@@ -549,8 +386,6 @@ class Tracer:
 
         j = aliases[0][0]
         base = b_args[j]
-        from .rules.movement import view_ids
-
         ids_list = view_ids(call, base)
         if ids_list is None:  # no id map: treat as a conservative copy
             out_sets = self._run_rule(call)
@@ -563,10 +398,6 @@ class Tracer:
 
     def _inplace_view(self, call: Call, target: TracedTensor) -> TracedTensor:
         """``squeeze_``, ``t_``, ``transpose_``...: the same tensor, with new metadata and element map."""
-        from torch.utils._mode_utils import no_dispatch
-
-        from .rules.movement import view_ids
-
         ids_list = view_ids(call, target)
         if ids_list is None:
             raise TracingError(f"{call.func} changes a traced tensor's shape in place in a way asd cannot "
@@ -612,9 +443,11 @@ class Tracer:
         storage.sets = S.take_rows(S.vstack([storage.sets, new_sets]), mapping)
 
 
-def trace(f: Callable, x: torch.Tensor, *, local: bool, strict: bool = False) -> tuple[Any, Tracer]:
-    """Run ``f`` on a traced stand-in of ``x``; returns ``f``'s output and the tracer."""
-    tracer = Tracer(x.numel(), local=local, strict=strict, device=x.device)
+def trace(f: Callable, x: torch.Tensor, *, local: bool, strict: bool = False,
+          tracer_cls: type[Tracer] = Tracer) -> tuple[Any, Tracer]:
+    """Run ``f`` on a traced stand-in of ``x`` under a ``tracer_cls``; returns ``f``'s output and
+    the tracer."""
+    tracer = tracer_cls(x.numel(), local=local, strict=strict, device=x.device)
     tx = tracer.input(x)
     with tracer:
         out = f(tx)

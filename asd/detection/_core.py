@@ -1,0 +1,215 @@
+"""What propagation rules see: traced tensors, the call record, and the active tracer.
+
+A :class:`TracedTensor` wraps a *primal* (a meta tensor under global tracing, a real tensor under
+local tracing or for constants created inside the traced function) and refers to a
+:class:`Storage` that holds one index-set row per element of the storage's base tensor. Views share
+the storage of their base and keep an element map into it, so in-place writes through any view
+(``r[1:-1] = ...``) update the sets every other view sees, as they update the values.
+
+A rule receives a :class:`Call` (the op, its arguments, their primals, the output primals) and
+returns the outputs' index sets. This module knows nothing of the rule table or of the
+``__torch_dispatch__`` front end (:mod:`asd.detection.torch_tracer`); the front end registers the
+tracer that is active in the current thread with :func:`push_tracer`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ..errors import TracingError
+from . import sets as S
+
+__all__ = ["Call", "FLOATING", "Storage", "TracedTensor", "TracerLike", "active_tracer", "bind",
+           "is_differentiable_dtype", "pop_tracer", "push_tracer"]
+
+
+class TracerLike(Protocol):
+    """What a :class:`Call` and a :class:`TracedTensor` need from the tracer running them."""
+
+    n: int
+    local: bool
+
+    def dispatch(self, func, args, kwargs): ...
+
+    def unsupported(self, func) -> None: ...
+
+
+_ACTIVE = threading.local()
+
+
+def active_tracer() -> TracerLike | None:
+    """The innermost tracer active in this thread, or ``None``."""
+    stack = getattr(_ACTIVE, "stack", None)
+    return stack[-1] if stack else None
+
+
+def push_tracer(tracer: TracerLike) -> None:
+    if not hasattr(_ACTIVE, "stack"):
+        _ACTIVE.stack = []
+    _ACTIVE.stack.append(tracer)
+
+
+def pop_tracer(tracer: TracerLike) -> None:
+    stack = _ACTIVE.stack
+    if not stack or stack[-1] is not tracer:
+        raise AssertionError("internal error: tracers were exited out of order")
+    stack.pop()
+
+
+FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
+            torch.complex32, torch.complex64, torch.complex128)
+
+
+def is_differentiable_dtype(dtype: torch.dtype) -> bool:
+    return dtype in FLOATING
+
+
+class Storage:
+    """Index sets (and the primal base tensor) shared by a base tensor and all its views."""
+
+    __slots__ = ("primal", "sets", "epoch")
+
+    def __init__(self, primal: torch.Tensor, sets: sp.csr_matrix):
+        self.primal = primal
+        self.sets = sets
+        self.epoch = 0
+
+    def make_meta(self) -> None:
+        if not self.primal.is_meta:
+            self.primal = self.primal.to("meta")
+            self.epoch += 1
+
+
+class TracedTensor(torch.Tensor):
+    """A tensor that carries the index sets of its elements through a traced function."""
+
+    _storage: Storage
+    _idx: np.ndarray | None
+    _geom: tuple
+    _epoch: int
+    _primal: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, storage: Storage, primal: torch.Tensor, idx: np.ndarray | None, device: torch.device):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, primal.shape, strides=primal.stride(), storage_offset=primal.storage_offset(),
+            dtype=primal.dtype, layout=primal.layout, device=device, requires_grad=False,
+        )
+        r._storage = storage
+        r._idx = idx
+        r._primal = primal
+        r._geom = (tuple(primal.shape), tuple(primal.stride()), primal.storage_offset())
+        r._epoch = storage.epoch
+        return r
+
+    @property
+    def primal(self) -> torch.Tensor:
+        if self._epoch != self._storage.epoch:
+            size, stride, offset = self._geom
+            self._primal = self._storage.primal.as_strided(size, stride, offset)
+            self._epoch = self._storage.epoch
+        return self._primal
+
+    @property
+    def sets(self) -> sp.csr_matrix:
+        """Index sets of this tensor's elements (row-major), shape ``(numel, n)``."""
+        if self._idx is None:
+            return self._storage.sets
+        return S.take_rows(self._storage.sets, self._idx)
+
+    def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105
+        kind = "meta" if self.primal.is_meta else "real"
+        return f"TracedTensor(shape={tuple(self.shape)}, dtype={self.dtype}, {kind})"
+
+    def _values(self, what: str) -> torch.Tensor:
+        p = self.primal
+        if p.is_meta:
+            raise TracingError(
+                f"{what} on a traced tensor under global tracing: its values are unknown (conversion "
+                "to Python numbers, lists or numpy arrays leaves the traced computation). Pass "
+                "local=True to trace at a point, or keep the computation in torch ops."
+            )
+        return p
+
+    def tolist(self):
+        return self._values(".tolist()").tolist()
+
+    def numpy(self, *, force: bool = False):
+        raise TracingError(
+            ".numpy() / np.asarray on a traced tensor: numpy cannot see index sets, so the dependence "
+            "would be lost. Keep the computation in torch ops (or detach() to use values as constants)."
+        )
+
+    def __array__(self, dtype=None, copy=None):
+        return self.numpy()
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        tracer = active_tracer()
+        if tracer is None:
+            raise TracingError(
+                f"a traced tensor was used outside of sparsity tracing (in {func}); "
+                "do not keep tensors from a traced call"
+            )
+        return tracer.dispatch(func, args, kwargs or {})
+
+
+@dataclass
+class Call:
+    """What a rule sees: the op, its original arguments, their primals, and the output primals."""
+
+    func: torch._ops.OpOverload
+    args: tuple
+    kwargs: dict
+    pargs: tuple
+    pkwargs: dict
+    outs: list
+    tracer: TracerLike
+    _bound: dict | None = field(default=None, repr=False)
+
+    @property
+    def n(self) -> int:
+        return self.tracer.n
+
+    @property
+    def local(self) -> bool:
+        return self.tracer.local
+
+    def bound(self) -> dict[str, Any]:
+        """Arguments by schema name (original objects), defaults filled in."""
+        if self._bound is None:
+            self._bound = bind(self.func, self.args, self.kwargs)
+        return self._bound
+
+    def sets(self, t) -> sp.csr_matrix | None:
+        """Index sets of argument ``t``, or ``None`` when it depends on no input."""
+        if isinstance(t, TracedTensor) and is_differentiable_dtype(t.dtype):
+            s = t.sets
+            return s if s.nnz else None
+        return None
+
+    def unsupported(self) -> None:
+        """Report that this op is traced by the conservative rule (warns, or raises under ``strict``)."""
+        self.tracer.unsupported(self.func)
+
+
+def bind(func, args, kwargs) -> dict[str, Any]:
+    """Match positional and keyword arguments to the op's schema names."""
+    out: dict[str, Any] = {}
+    schema = func._schema.arguments
+    for i, a in enumerate(schema):
+        if i < len(args) and not a.kwarg_only:
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+        else:
+            out[a.name] = None
+    return out

@@ -1,0 +1,286 @@
+"""Prepared sparse derivative operators for JAX functions.
+
+Preparing detects the pattern (or takes the user's), colors it and builds ONE jitted function
+from ``x`` to the stored values in CSR order: the compressed JVPs/VJPs/HVPs (``jax.vmap``,
+chunked by ``batch_size``) with the decompression (a gather, or the level-by-level substitution
+of an acyclic coloring) fused in. Calling the operator runs only that function.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import sparse as jsparse
+
+from ..coloring import color, symmetric_pattern
+from ..errors import InputError
+from ..patterns import SparsityPattern, as_pattern
+from . import _coloring as C
+from .detection import check_input, hessian_sparsity, jacobian_sparsity
+from .evaluation import batched, decompressor, jacobian_products
+
+JACOBIAN_COLORINGS = ("column", "row", "bidirectional")
+HESSIAN_COLORINGS = ("star", "acyclic")
+MODES = ("auto", "forward", "reverse")
+#: the default Hessian coloring takes acyclic only when its substitution has at most this many
+#: sequential levels (each level is one iteration of a loop inside the jitted call)
+MAX_SUBSTITUTION_LEVELS = 64
+
+
+def _device_of(x):
+    devs = getattr(x, "devices", None)
+    return next(iter(devs())) if callable(devs) else jax.devices()[0]
+
+
+def _check_batch_size(batch_size) -> None:
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size < 1):
+        raise InputError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+
+
+class _SparseOperator:
+    _what = "this operator"
+    pattern: SparsityPattern
+
+    def _bind(self, f: Callable, x) -> None:
+        check_input(x)
+        x = jnp.asarray(x)
+        self.f = f
+        self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, _device_of(x)
+        self.timings: dict[str, float] = {}
+
+    def _detect(self, detect: Callable, given, conform: Callable) -> None:
+        t0 = time.perf_counter()
+        self.pattern = as_pattern(detect()) if given is None else conform(as_pattern(given, name="pattern"))
+        self.timings["detection"] = time.perf_counter() - t0
+
+    def _finish(self, coloring, products: Callable, batch_size) -> None:
+        """Build the jitted call from the coloring and ``products(x, seeds) -> flat buffer``."""
+        self.coloring = coloring
+        blocks = C.seed_blocks(coloring)
+        dec, dec_arrays = decompressor(C.decompression(coloring))
+        put = lambda a: jax.device_put(a, self.device)  # noqa: E731
+        self._seeds = [put(jnp.asarray(b.seeds, dtype=self.dtype)) for b in blocks]
+        self._dec_arrays = tuple(put(jnp.asarray(a, dtype=jnp.int32 if a.size < 2**31 else jnp.int64))
+                                 for a in dec_arrays)
+        indptr, indices, shape = C.structure(coloring)
+        self._indptr = put(jnp.asarray(indptr, dtype=jnp.int32))
+        self._indices = put(jnp.asarray(indices, dtype=jnp.int32))
+        self._shape = shape
+        nnz = len(indices)
+
+        def compressed(x, seeds):
+            return products(x, blocks, seeds, batch_size)
+
+        def values(x, seeds, arrays):
+            if not blocks or C.ncolors(coloring) == 0:
+                return jnp.zeros(nnz, self.dtype)
+            return dec(compressed(x, seeds), *arrays)
+
+        self._compressed = jax.jit(compressed)
+        self._values = jax.jit(values)
+
+    @property
+    def ncolors(self) -> int:
+        """Number of compressed products per evaluation."""
+        return C.ncolors(self.coloring)
+
+    def _check(self, x):
+        if not hasattr(x, "shape") or tuple(x.shape) != self.shape:
+            raise InputError(f"{self._what} was prepared for inputs of shape {self.shape}, got "
+                             f"{getattr(x, 'shape', type(x).__name__)}; prepare a new operator for this shape")
+        if x.dtype != self.dtype:
+            raise InputError(f"{self._what} was prepared for dtype {self.dtype}, got {x.dtype}; convert with "
+                             f"x.astype({self.dtype})")
+        return x
+
+    def compressed(self, x) -> jax.Array:
+        """The flat, batch-first compressed products at ``x``."""
+        return self._compressed(self._check(x), self._seeds)
+
+    def values(self, x) -> jax.Array:
+        """The stored values at ``x`` in the CSR order of :attr:`pattern` (one jitted call)."""
+        return self._values(self._check(x), self._seeds, self._dec_arrays)
+
+    def __call__(self, x) -> jsparse.BCSR:
+        """The derivative at ``x`` as a ``jax.experimental.sparse.BCSR`` matrix."""
+        return jsparse.BCSR((self.values(x), self._indices, self._indptr), shape=self._shape)
+
+
+class SparseJacobian(_SparseOperator):
+    """A reusable sparse Jacobian of the JAX function ``f`` for inputs shaped like ``x``.
+
+    Parameters
+    ----------
+    f
+        Function of one array returning one array.
+    x
+        Example input: fixes shape, dtype and device (and, with ``local=True``, the point at which
+        the pattern is detected).
+    mode
+        ``"forward"`` (column coloring, JVPs), ``"reverse"`` (row coloring, VJPs) or ``"auto"``
+        (the one with fewer colors; forward on a tie).
+    coloring
+        Overrides ``mode``: ``"column"``, ``"row"`` or ``"bidirectional"`` (JVPs and VJPs).
+    order
+        Vertex order of the coloring (see :data:`asd.coloring.ORDERS`, or ``"best"``).
+    batch_size
+        Seeds per vectorized chunk (bounds memory); ``None``: all at once.
+    local, strict
+        As for :func:`asd.jax.jacobian_sparsity`.
+    pattern
+        A known sparsity pattern (skips detection).
+
+    Attributes
+    ----------
+    pattern : asd.SparsityPattern
+    coloring : asd.Coloring
+    ncolors : int
+    mode : str
+    timings : dict
+    """
+
+    _what = "this SparseJacobian"
+
+    def __init__(self, f: Callable, x, *, mode: str = "auto", coloring: str | None = None, order: str = "natural",
+                 batch_size: int | None = None, local: bool = False, strict: bool = False, pattern=None):
+        self._bind(f, x)
+        if mode not in MODES:
+            raise InputError(f"mode must be one of {MODES}, got {mode!r}")
+        if coloring is not None and coloring not in JACOBIAN_COLORINGS:
+            raise InputError(f"a Jacobian coloring must be one of {JACOBIAN_COLORINGS}, got {coloring!r}")
+        _check_batch_size(batch_size)
+        x = jnp.asarray(x)
+        y = jax.eval_shape(f, x)
+        if not hasattr(y, "shape"):
+            raise InputError(f"f must return one array, got {type(y).__name__}")
+        self.out_shape = tuple(y.shape)
+        m = int(np.prod(self.out_shape, dtype=np.int64))
+
+        def conform(P: SparsityPattern) -> SparsityPattern:
+            if P.shape != (m, x.size):
+                raise InputError(f"the given pattern has shape {P.shape} but the Jacobian is ({m}, {x.size})")
+            return P
+
+        self._detect(lambda: jacobian_sparsity(f, x, local=local, strict=strict), pattern, conform)
+        problem = coloring or {"forward": "column", "reverse": "row"}.get(mode)
+        t0 = time.perf_counter()
+        if problem is not None:
+            result = color(self.pattern, problem, order=order)
+        else:
+            col = color(self.pattern, "column", order=order)
+            row = color(self.pattern, "row", order=order)
+            result = col if col.ncolors <= row.ncolors else row
+        self.timings["coloring"] = time.perf_counter() - t0
+        self.mode = {"column": "forward", "row": "reverse"}.get(result.problem, result.problem)
+        shape = self.shape
+
+        def g(v):
+            return f(v.reshape(shape)).reshape(-1)
+
+        self._finish(result, lambda v, blocks, seeds, bs: jacobian_products(g, v.reshape(-1), blocks, seeds, bs),
+                     batch_size)
+
+    def __repr__(self) -> str:
+        m, n = self.pattern.shape
+        return f"SparseJacobian(shape=({m}, {n}), nnz={self.pattern.nnz}, mode={self.mode!r}, ncolors={self.ncolors})"
+
+
+def _hvp_products(g: Callable, with_value: bool = False):
+    def products(v, blocks, seeds, batch_size):
+        (S,) = seeds
+        x = v.reshape(-1)
+        if with_value:
+            (val, grad), lin = jax.linearize(jax.value_and_grad(g), x)
+            return val, grad, batched(lambda s: lin(s)[1], S, batch_size).reshape(-1)
+        _, hvp = jax.linearize(jax.grad(g), x)
+        return batched(hvp, S, batch_size).reshape(-1)
+
+    return products
+
+
+class SparseHessian(_SparseOperator):
+    """A reusable sparse Hessian of the scalar JAX function ``f`` for inputs shaped like ``x``.
+
+    Parameters
+    ----------
+    f
+        Function of one array returning an array with one element.
+    x
+        Example input: fixes shape, dtype and device.
+    coloring
+        ``"star"`` (direct decompression), ``"acyclic"`` (fewer colors, substitution inside the
+        jitted call) or ``None``: star unless acyclic needs fewer colors with at most
+        :data:`MAX_SUBSTITUTION_LEVELS` substitution levels (and ``x`` is float64: substitution
+        accumulates rounding on small entries).
+    order, batch_size, local, strict, pattern
+        As for :class:`SparseJacobian`.
+    """
+
+    _what = "this SparseHessian"
+
+    def __init__(self, f: Callable, x, *, coloring: str | None = None, order: str = "natural",
+                 batch_size: int | None = None, local: bool = False, strict: bool = False, pattern=None):
+        self._bind(f, x)
+        if coloring is not None and coloring not in HESSIAN_COLORINGS:
+            raise InputError(f"a Hessian coloring must be one of {HESSIAN_COLORINGS}, got {coloring!r}")
+        _check_batch_size(batch_size)
+        x = jnp.asarray(x)
+        n = x.size
+
+        def conform(P: SparsityPattern) -> SparsityPattern:
+            if P.shape != (n, n):
+                raise InputError(f"a Hessian pattern must be ({n}, {n}), got {P.shape}")
+            return symmetric_pattern(P)
+
+        self._detect(lambda: hessian_sparsity(f, x, local=local, strict=strict), pattern, conform)
+        t0 = time.perf_counter()
+        if coloring is not None:
+            result = color(self.pattern, coloring, order=order)
+        else:
+            result = color(self.pattern, "star", order=order)
+            if self.dtype == jnp.float64:
+                acyclic = color(self.pattern, "acyclic", order=order)
+                if acyclic.ncolors < result.ncolors and C.nlevels(acyclic) <= MAX_SUBSTITUTION_LEVELS:
+                    result = acyclic
+        self.timings["coloring"] = time.perf_counter() - t0
+        shape = self.shape
+
+        def g(v):
+            return jnp.reshape(f(v.reshape(shape)), ())
+
+        self._g = g
+        self._batch_size = batch_size
+        self._with_grad = None
+        self._finish(result, _hvp_products(g), batch_size)
+
+    def value_grad_hessian(self, x):
+        """``(f(x), grad f(x), Hessian as BCSR)`` from one jitted forward-over-reverse evaluation."""
+        self._check(x)
+        if self._with_grad is None:
+            products = _hvp_products(self._g, with_value=True)
+            dec, _ = decompressor(C.decompression(self.coloring))
+            nnz = len(C.structure(self.coloring)[1])
+            ncol = self.ncolors
+            bs = self._batch_size
+
+            def run(v, seeds, arrays):
+                if ncol == 0:
+                    val, grad = jax.value_and_grad(self._g)(v.reshape(-1))
+                    return val, grad, jnp.zeros(nnz, v.dtype)
+                val, grad, flat = products(v, None, seeds, bs)
+                return val, grad, dec(flat, *arrays)
+
+            self._with_grad = jax.jit(run)
+        val, grad, vals = self._with_grad(x, self._seeds, self._dec_arrays)
+        H = jsparse.BCSR((vals, self._indices, self._indptr), shape=self._shape)
+        return val, grad.reshape(self.shape), H
+
+    def __repr__(self) -> str:
+        n = self.pattern.shape[0]
+        return (f"SparseHessian(shape=({n}, {n}), nnz={self.pattern.nnz}, coloring={self.coloring.problem!r}, "
+                f"ncolors={self.ncolors})")

@@ -1,0 +1,115 @@
+"""Prepared JAX operators (asd.jax): BCSR values against dense float64 jax.jacfwd / jax.hessian."""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="asd.jax needs jax (pip install asd[jax])")
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp  # noqa: E402
+from jax.experimental import sparse as jsparse  # noqa: E402
+
+import asd  # noqa: E402
+import asd.jax as aj  # noqa: E402
+from asd.coloring import check as check_coloring  # noqa: E402
+
+
+def residual(x):
+    """A 2-D periodic reaction-diffusion residual (Brusselator-like), x of shape (2, 5, 5)."""
+    u, v = x[0], x[1]
+    def lap(w):
+        return jnp.roll(w, 1, 0) + jnp.roll(w, -1, 0) + jnp.roll(w, 1, 1) + jnp.roll(w, -1, 1) - 4 * w
+
+    return jnp.stack([1 + u ** 2 * v - 4.4 * u + lap(u), 3.4 * u - u ** 2 * v + lap(v)])
+
+
+def rosenbrock(x):
+    return jnp.sum(100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2) + jnp.sum(x[:-2:3] * x[2::3])
+
+
+X = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, (2, 5, 5)))
+XR = jnp.asarray(np.random.default_rng(1).uniform(-1, 1, 13))
+
+
+@pytest.mark.parametrize("options", [dict(mode="forward"), dict(mode="reverse"), dict(mode="auto"),
+                                     dict(coloring="bidirectional"), dict(mode="forward", batch_size=3),
+                                     dict(mode="reverse", batch_size=4, order="largest_first", local=True)])
+def test_sparse_jacobian_matches_dense(options):
+    op = aj.prepare_jacobian(residual, X, **options)
+    check_coloring(op.pattern, op.coloring)
+    J = op(X)
+    assert isinstance(J, jsparse.BCSR) and J.shape == (50, 50)
+    dense = np.asarray(jax.jacfwd(residual)(X)).reshape(50, 50)
+    np.testing.assert_allclose(aj.to_scipy(J).toarray(), dense, rtol=1e-13, atol=1e-13)
+    x2 = X + 0.3
+    np.testing.assert_allclose(np.asarray(J.todense()), dense)
+    np.testing.assert_allclose(aj.to_scipy(op(x2)).toarray(),
+                               np.asarray(jax.jacfwd(residual)(x2)).reshape(50, 50), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(coloring="star"), dict(coloring="acyclic"),
+                                     dict(coloring="acyclic", batch_size=1), dict(coloring="star", order="best")])
+def test_sparse_hessian_matches_dense(options):
+    op = aj.prepare_hessian(rosenbrock, XR, **options)
+    check_coloring(op.pattern, op.coloring)
+    dense = np.asarray(jax.hessian(rosenbrock)(XR))
+    np.testing.assert_allclose(aj.to_scipy(op(XR)).toarray(), dense, rtol=1e-12, atol=1e-12)
+    if options:
+        return
+    val, grad, H = op.value_grad_hessian(XR)
+    np.testing.assert_allclose(val, rosenbrock(XR))
+    np.testing.assert_allclose(grad, jax.grad(rosenbrock)(XR))
+    np.testing.assert_allclose(aj.to_scipy(H).toarray(), dense, rtol=1e-12, atol=1e-12)
+
+
+def test_acyclic_substitution_many_levels():
+    """A long band: the acyclic coloring needs more substitution levels (fori_loop iterations)
+    than the default accepts."""
+    x = jnp.linspace(-1, 1, 200)
+    op = aj.prepare_hessian(rosenbrock, x, coloring="acyclic")
+    assert op.coloring.plan.nlevels > 64
+    np.testing.assert_allclose(aj.to_scipy(op(x)).toarray(), np.asarray(jax.hessian(rosenbrock)(x)),
+                               rtol=1e-12, atol=1e-10)
+    assert aj.prepare_hessian(rosenbrock, x).coloring.problem == "star"  # too deep for the default
+
+
+def test_one_call_helpers_and_user_pattern():
+    J = aj.sparse_jacobian(residual, X)
+    np.testing.assert_allclose(J.todense(), np.asarray(jax.jacfwd(residual)(X)).reshape(50, 50))
+    H = aj.sparse_hessian(rosenbrock, XR)
+    np.testing.assert_allclose(H.todense(), jax.hessian(rosenbrock)(XR), rtol=1e-12)
+    v, g, H2 = aj.gradient_and_hessian(rosenbrock, XR)
+    np.testing.assert_allclose(H2.todense(), jax.hessian(rosenbrock)(XR), rtol=1e-12)
+    P = aj.jacobian_sparsity(residual, X)
+    op = aj.prepare_jacobian(residual, X, pattern=P)
+    np.testing.assert_allclose(op(X).todense(), J.todense())
+    with pytest.raises(asd.InputError, match="shape"):
+        aj.prepare_jacobian(residual, X, pattern=P[:10])
+
+
+def test_float32_and_errors():
+    x32 = XR.astype(jnp.float32)
+    H = aj.sparse_hessian(rosenbrock, x32)
+    assert H.data.dtype == jnp.float32
+    np.testing.assert_allclose(H.todense(), jax.hessian(rosenbrock)(x32), rtol=1e-4, atol=1e-3)
+    op = aj.prepare_jacobian(residual, X)
+    with pytest.raises(asd.InputError, match="shape"):
+        op(XR)
+    with pytest.raises(asd.InputError, match="dtype"):
+        op(X.astype(jnp.float32))
+    with pytest.raises(asd.InputError, match="mode"):
+        aj.prepare_jacobian(residual, X, mode="sideways")
+    with pytest.raises(asd.InputError, match="coloring"):
+        aj.prepare_hessian(rosenbrock, XR, coloring="column")
+    with pytest.raises(asd.InputError, match="batch_size"):
+        aj.prepare_jacobian(residual, X, batch_size=0)
+    with pytest.raises(asd.InputError, match="BCSR"):
+        aj.to_scipy(np.eye(3))
+
+
+def test_verify_and_color_reexport():
+    assert aj.color is asd.color
+    rep = aj.verify(residual, X)
+    assert rep.ok and rep.precision == 1.0
+    bad = aj.jacobian_sparsity(residual, X).tolil()
+    bad[0, 0] = False
+    assert not aj.verify(residual, X, bad.tocsr()).ok

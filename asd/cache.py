@@ -19,6 +19,7 @@ and in-flight aware: threads asking for the same key while it is being prepared 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import types
@@ -36,37 +37,95 @@ _MAX_ITEMS = 256
 _HASH_LIMIT = 1 << 16  # elements of an integer/bool tensor or array hashed by content
 
 
-def _tensor_fp(t: torch.Tensor):
-    if (t.is_floating_point() or t.is_complex()) and t.layout == torch.strided:
-        # float values change derivatives' values, never their sparsity: shape and type only
-        return ("float tensor", tuple(t.shape), str(t.dtype), str(t.device))
-    meta = ("tensor", id(t), tuple(t.shape), str(t.dtype), str(t.device), t.layout, t._version)
-    if t.layout == torch.strided and t.device.type == "cpu" and t.numel() <= _HASH_LIMIT and (
-            not t.is_floating_point() and not t.is_complex()):
-        return meta + (hashlib.blake2b(t.detach().contiguous().numpy().tobytes(), digest_size=8).hexdigest(),)
-    if t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc, torch.sparse_coo):
-        idx = (t.crow_indices(), t.col_indices()) if t.layout == torch.sparse_csr else ()
-        return meta + tuple(_tensor_fp(i) for i in idx)
-    return meta
+class _Fingerprint:
+    """Summaries of objects for change detection, bounded in depth and size.
 
+    ``values=False`` (the cache): what can change a sparsity pattern; float values (scalars and
+    tensors) are left out. ``values=True`` (traced graphs, which bake Python scalars in and hold
+    tensors by reference): float scalars by value and every tensor by identity as well.
+    """
 
-def _module_fp(mod: torch.nn.Module, depth: int):
-    items = [("module", type(mod).__qualname__, id(mod), mod.training)]
-    for name, p in mod.named_parameters(recurse=True):
-        items.append((name, _tensor_fp(p)))
-    for name, b in mod.named_buffers(recurse=True):
-        items.append((name, _tensor_fp(b) if b is not None else None))
-    for name, sub in mod.named_modules():
-        plain = {k: v for k, v in vars(sub).items() if not k.startswith("_") and k != "training"}
-        items.append((name, type(sub).__qualname__, id(sub), _fp(plain, depth + 1)))
-    return tuple(items)
+    #: modules whose functions are pure: reading them does not make a summary incomplete
+    PURE_MODULES = ("torch", "numpy", "math", "operator", "functools", "itertools", "asd", "scipy")
 
+    def __init__(self, values: bool):
+        self.values = values
+        self.complete = True  # False once something is summarized by identity only
 
-def _function_fp(fn: types.FunctionType, depth: int):
-    code = fn.__code__
-    cells = tuple(_fp(c.cell_contents, depth + 1) if _cell_filled(c) else "<empty>" for c in (fn.__closure__ or ()))
-    names = tuple((n, _fp(fn.__globals__[n], depth + 1)) for n in code.co_names if n in fn.__globals__)
-    return ("function", id(code), _fp(fn.__defaults__, depth + 1), _fp(fn.__kwdefaults__, depth + 1), cells, names)
+    def tensor(self, t: torch.Tensor):
+        floating = t.is_floating_point() or t.is_complex()
+        if floating and t.layout == torch.strided:
+            key = ("float tensor", tuple(t.shape), str(t.dtype), str(t.device))
+            return key + (id(t),) if self.values else key
+        meta = ("tensor", id(t), tuple(t.shape), str(t.dtype), str(t.device), t.layout, t._version)
+        if t.layout == torch.strided and t.device.type == "cpu" and t.numel() <= _HASH_LIMIT and not floating:
+            return meta + (hashlib.blake2b(t.detach().contiguous().numpy().tobytes(), digest_size=8).hexdigest(),)
+        if t.layout == torch.sparse_csr:
+            return meta + (self.tensor(t.crow_indices()), self.tensor(t.col_indices()))
+        return meta
+
+    def module(self, mod: torch.nn.Module, depth: int):
+        items = [("module", type(mod).__qualname__, id(mod), mod.training)]
+        for name, p in mod.named_parameters(recurse=True):
+            items.append((name, self.tensor(p)))
+        for name, b in mod.named_buffers(recurse=True):
+            items.append((name, self.tensor(b) if b is not None else None))
+        for name, sub in mod.named_modules():
+            plain = {k: v for k, v in vars(sub).items() if not k.startswith("_") and k != "training"}
+            items.append((name, type(sub).__qualname__, id(sub), self(plain, depth + 1)))
+        return tuple(items)
+
+    def function(self, fn: types.FunctionType, depth: int):
+        code = fn.__code__
+        cells = tuple(self(c.cell_contents, depth + 1) if _cell_filled(c) else "<empty>"
+                      for c in (fn.__closure__ or ()))
+        names = tuple((n, self(fn.__globals__[n], depth + 1)) for n in code.co_names if n in fn.__globals__)
+        return ("function", id(code), self(fn.__defaults__, depth + 1), self(fn.__kwdefaults__, depth + 1), cells,
+                names)
+
+    def __call__(self, obj, depth: int = 0):
+        if isinstance(obj, (float, complex)):
+            return obj if self.values else type(obj).__name__
+        if obj is None or isinstance(obj, (bool, int, str, bytes)):
+            return obj
+        if depth > _MAX_DEPTH:
+            self.complete = False
+            return ("deep", type(obj).__qualname__, id(obj))
+        if isinstance(obj, torch.Tensor):
+            return self.tensor(obj)
+        if isinstance(obj, np.ndarray):
+            if obj.size <= _HASH_LIMIT:
+                return ("ndarray", obj.shape, str(obj.dtype),
+                        hashlib.blake2b(np.ascontiguousarray(obj).tobytes(), digest_size=8).hexdigest())
+            self.complete = self.complete and not self.values
+            return ("ndarray", id(obj), obj.shape, str(obj.dtype))
+        if isinstance(obj, types.ModuleType):
+            if obj.__name__.split(".")[0] not in self.PURE_MODULES:
+                self.complete = False  # e.g. random, time: state a summary cannot see
+            return ("ref", id(obj))
+        if isinstance(obj, type):
+            return ("ref", id(obj))
+        if isinstance(obj, torch.nn.Module):
+            return self.module(obj, depth)
+        if isinstance(obj, types.FunctionType):
+            return self.function(obj, depth)
+        if isinstance(obj, types.MethodType):
+            return ("method", self(obj.__func__, depth + 1), self(obj.__self__, depth + 1))
+        if isinstance(obj, functools.partial):
+            return ("partial", self(obj.func, depth + 1), self(obj.args, depth + 1), self(obj.keywords, depth + 1))
+        if isinstance(obj, (list, tuple)):
+            return (type(obj).__name__, len(obj)) + tuple(self(v, depth + 1) for v in obj[:_MAX_ITEMS])
+        if isinstance(obj, dict):
+            return ("dict", len(obj)) + tuple((self(k, depth + 1), self(v, depth + 1))
+                                              for k, v in list(obj.items())[:_MAX_ITEMS])
+        if isinstance(obj, (set, frozenset)):
+            return ("set", len(obj), tuple(sorted(repr(v) for v in list(obj)[:_MAX_ITEMS])))
+        state = getattr(obj, "__dict__", None)
+        if isinstance(state, dict):
+            return ("object", type(obj).__qualname__, id(obj), self(state, depth + 1))
+        if not isinstance(obj, types.BuiltinFunctionType):
+            self.complete = False
+        return ("opaque", type(obj).__qualname__, id(obj))
 
 
 def _cell_filled(cell) -> bool:
@@ -77,52 +136,17 @@ def _cell_filled(cell) -> bool:
     return True
 
 
-def _fp(obj, depth: int = 0):
-    """A hashable summary of ``obj`` for change detection (bounded depth and size)."""
-    if isinstance(obj, (float, complex)):
-        return type(obj).__name__
-    if obj is None or isinstance(obj, (bool, int, str, bytes)):
-        return obj
-    if depth > _MAX_DEPTH:
-        return ("deep", type(obj).__qualname__, id(obj))
-    if isinstance(obj, torch.Tensor):
-        return _tensor_fp(obj)
-    if isinstance(obj, np.ndarray):
-        if obj.size <= _HASH_LIMIT:
-            return ("ndarray", obj.shape, str(obj.dtype), hashlib.blake2b(np.ascontiguousarray(obj).tobytes(),
-                                                                         digest_size=8).hexdigest())
-        return ("ndarray", id(obj), obj.shape, str(obj.dtype))
-    if isinstance(obj, (types.ModuleType, type)):
-        return ("ref", id(obj))
-    if isinstance(obj, torch.nn.Module):
-        return _module_fp(obj, depth)
-    if isinstance(obj, types.FunctionType):
-        return _function_fp(obj, depth)
-    if isinstance(obj, types.MethodType):
-        return ("method", _fp(obj.__func__, depth + 1), _fp(obj.__self__, depth + 1))
-    if isinstance(obj, functools_partial):
-        return ("partial", _fp(obj.func, depth + 1), _fp(obj.args, depth + 1), _fp(obj.keywords, depth + 1))
-    if isinstance(obj, (list, tuple)):
-        return (type(obj).__name__, len(obj)) + tuple(_fp(v, depth + 1) for v in obj[:_MAX_ITEMS])
-    if isinstance(obj, dict):
-        return ("dict", len(obj)) + tuple((_fp(k, depth + 1), _fp(v, depth + 1))
-                                          for k, v in list(obj.items())[:_MAX_ITEMS])
-    if isinstance(obj, (set, frozenset)):
-        return ("set", len(obj), tuple(sorted(repr(v) for v in list(obj)[:_MAX_ITEMS])))
-    state = getattr(obj, "__dict__", None)
-    if isinstance(state, dict) and not callable(getattr(obj, "__fingerprint_ignore__", None)):
-        return ("object", type(obj).__qualname__, id(obj), _fp(state, depth + 1))
-    if callable(obj) and hasattr(obj, "__call__"):
-        return ("callable", type(obj).__qualname__, id(obj))
-    return ("opaque", type(obj).__qualname__, id(obj))
+def fingerprint(f: Callable, *, values: bool = False):
+    """A hashable summary of what ``f`` reads (see the module docstring); ``values=True`` includes
+    float scalars' values and every tensor's identity (what a traced graph depends on)."""
+    return _Fingerprint(values)(f)
 
 
-from functools import partial as functools_partial  # noqa: E402
-
-
-def fingerprint(f: Callable):
-    """A hashable summary of what ``f`` reads (see the module docstring)."""
-    return _fp(f)
+def value_fingerprint(f: Callable) -> tuple[object, bool]:
+    """``(summary, complete)``: the ``values=True`` summary and whether it saw everything ``f``
+    reads (no object summarized by identity alone, no module with hidden state such as ``random``)."""
+    fp = _Fingerprint(values=True)
+    return fp(f), fp.complete
 
 
 def _weak_ident(f: Callable):

@@ -20,7 +20,8 @@ from .backends.hvp import ForwardOverReverseHVP, ReverseOverReverseHVP, value_gr
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor
 from .detection.jacobian import check_input
-from .cache import fingerprint
+from .backends.traced import Tracing
+from .cache import fingerprint, value_fingerprint
 from .checks import CheckReport, checks_forced, probe
 from .backends.autograd_loop import AutogradLoop
 from .errors import AsdError, CheckError, InputError, TransformUnsupported
@@ -123,6 +124,7 @@ class _SparseOperator:
         check_input(x)
         check_context(x)
         check_batch_size(batch_size)
+        self._local = local
         for name, value in (("compile", compile), ("local", local), ("strict", strict)):
             check_bool(name, value)
         if not isinstance(args, tuple):
@@ -166,7 +168,7 @@ class _SparseOperator:
         return result
 
     def _setup(self, g: Callable, coloring, x: torch.Tensor, backend: Backend | None, batch_size, compile,
-               check, hvp=None) -> None:
+               check, trace, hvp=None) -> None:
         self.coloring = coloring
         self._g = g
         self.check_mode = check
@@ -181,7 +183,10 @@ class _SparseOperator:
             kw = {} if hvp is None else {"hvp": hvp}
             backend = default_backend(coloring, batch_size=batch_size, **kw)
         self._x0 = x.detach().reshape(-1)
-        self._options = dict(batch_size=self.batch_size, compile=compile)
+        if trace is None:  # the pattern must hold everywhere for a recorded graph to be replayed
+            trace = not (compile or self._local or self._user_pattern)
+        self._options = dict(batch_size=self.batch_size, compile=compile,
+                             trace=self._make_tracing if check_bool("trace", trace) else None)
         self._adopt(coloring, backend)
         self.fallback_reason: str | None = None
 
@@ -190,6 +195,9 @@ class _SparseOperator:
         self.backend = backend
         self.decompressor = Decompressor(coloring, self.device)
         self.state = backend.init(self._g, self._x0, coloring, **self._options)
+
+    def _make_tracing(self) -> Tracing:
+        return Tracing(lambda: value_fingerprint((self.f, self._call_args)))
 
     @property
     def strategy(self) -> str:
@@ -296,6 +304,8 @@ class _SparseOperator:
         new._g = new._flat(f)
         new.last_check = None
         new._with_grad = None
+        if new._options["trace"] is not None:
+            new._options = dict(new._options, trace=new._make_tracing)
         new.state = new.backend.init(new._g, new._x0, new.coloring, **new._options)
         return new
 
@@ -353,6 +363,12 @@ class SparseJacobian(_SparseOperator):
         bool array); skips detection.
     backend
         An explicit evaluation backend (see :mod:`asd.backends`) for the chosen coloring.
+    trace
+        Record the batched products as a graph of ATen operations after the first calls and replay
+        it (several times faster eagerly; the same bits), guarded on every call by a value
+        fingerprint of ``f`` and its arguments (:mod:`asd.backends.traced`). ``None`` (default):
+        on unless ``compile=True``, ``local=True`` or a user ``pattern``, and only while the
+        fingerprint sees everything ``f`` reads.
     args, kwargs
         Extra arguments of ``f`` that are not differentiated (``f(x, *args, **kwargs)``), used for
         detection; each call may pass others (``op(x, *args, **kwargs)``).
@@ -378,7 +394,8 @@ class SparseJacobian(_SparseOperator):
     def __init__(self, f: Callable, x: torch.Tensor, *, mode: str = "auto", coloring: str | None = None,
                  order: str = "natural", batch_size: int | None = None, compile: bool = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
-                 check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None):
+                 check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None,
+                 trace: bool | None = None):
         from .coloring import color, hopeless
         from .detection import jacobian_pattern
 
@@ -418,7 +435,7 @@ class SparseJacobian(_SparseOperator):
         _warn_if_dense(result, self.pattern)
         self._order = order
         check = _check_option(check, default=local or self._user_pattern)
-        self._setup(self._flat(f), result, x, backend, batch_size, compile, check)
+        self._setup(self._flat(f), result, x, backend, batch_size, compile, check, trace)
 
     def _flat(self, f: Callable) -> Callable:
         return flatten_function(self._bound(f), self.shape)
@@ -475,7 +492,7 @@ class SparseHessian(_SparseOperator):
         ``"forward_over_reverse"`` (``jvp`` of ``grad``, the default) or ``"reverse_over_forward"``
         (``grad`` of ``jvp``: often faster eagerly, but PyTorch's double-backward formulas of a few
         ops (``cumprod`` at a zero) give NaN where forward-over-reverse is exact).
-    batch_size, compile, local, strict, pattern, backend, check, args, kwargs
+    batch_size, compile, local, strict, pattern, backend, check, args, kwargs, trace
         As for :class:`SparseJacobian`.
 
     Attributes
@@ -492,7 +509,8 @@ class SparseHessian(_SparseOperator):
     def __init__(self, f: Callable, x: torch.Tensor, *, coloring: str | None = None, order: str = "natural",
                  hvp: str = "forward_over_reverse", batch_size: int | None = None, compile: bool = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
-                 check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None):
+                 check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None,
+                 trace: bool | None = None):
         from .coloring import color, symmetric_pattern
         from .detection import hessian_pattern
 
@@ -526,7 +544,7 @@ class SparseHessian(_SparseOperator):
         self._g = self._flat(f)
         self._compile = compile
         check = _check_option(check, default=local or self._user_pattern)
-        self._setup(self._g, result, x, backend, batch_size, compile, check, hvp=HVP_BACKENDS[hvp])
+        self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[hvp])
 
     def _fallbacks(self):
         coloring = self.coloring

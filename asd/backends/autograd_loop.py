@@ -38,7 +38,7 @@ class AutogradLoop(Backend):
 
     name = "autograd loop"
 
-    def init(self, g, x, coloring, *, batch_size=None, compile=False) -> LoopState:
+    def init(self, g, x, coloring, *, batch_size=None, compile=False, trace=None) -> LoopState:
         blocks = coloring.seed_blocks(x.dtype, x.device)
         return LoopState(g, tuple(blocks), isinstance(coloring, (StarColoring, AcyclicColoring)),
                          coloring.shape[0], batch_size)

@@ -79,14 +79,18 @@ class BatchedProducts:
         Seed rows per call; ``None`` evaluates all of them at once.
     compile
         Run ``fn`` through ``torch.compile``.
+    trace
+        A :class:`~asd.backends.traced.Tracing` that records ``fn`` as a graph of ATen operations
+        after the first calls and replays it while its guard holds (eager evaluation only).
     """
 
     def __init__(self, fn: Callable, seeds: torch.Tensor, *, batch_size: int | None = None,
-                 compile: bool = False):
+                 compile: bool = False, trace=None):
         self.seeds = seeds
         self.batch_size = batch_size
         self._eager = fn
         self._compiled = torch.compile(fn, dynamic=False) if compile else None
+        self.tracing = None if compile else trace
         self.compile_failed: str | None = None
         self.sparse_constants: bool | None = None
 
@@ -130,6 +134,10 @@ class BatchedProducts:
                 self._compiled = None
                 warnings.warn(f"asd: torch.compile failed ({self.compile_failed}); evaluating eagerly",
                               RuntimeWarning, stacklevel=3)
+        if self.tracing is not None and self.sparse_constants is False:
+            out = self.tracing.run(self._eager, x, seeds)
+            if out is not None:
+                return out
         return self._call(self._eager, x, seeds)
 
     def chunks(self):
@@ -162,8 +170,9 @@ class Backend(ABC):
 
     @abstractmethod
     def init(self, g: Callable, x: torch.Tensor, coloring, *, batch_size: int | None = None,
-             compile: bool = False):
-        """Everything the evaluation needs that does not depend on ``x``'s values."""
+             compile: bool = False, trace: Callable | None = None):
+        """Everything the evaluation needs that does not depend on ``x``'s values. ``trace``, when
+        given, makes a :class:`~asd.backends.traced.Tracing` for each batched function."""
 
     @abstractmethod
     def compute(self, state, x: torch.Tensor) -> torch.Tensor:
@@ -191,9 +200,10 @@ class SingleDirection(Backend):
                              f"coloring, not a {type(coloring).__name__}")
         return blocks[0].matrix
 
-    def init(self, g, x, coloring, *, batch_size=None, compile=False) -> ProductState:
+    def init(self, g, x, coloring, *, batch_size=None, compile=False, trace=None) -> ProductState:
         return ProductState(g, BatchedProducts(self.batched(g, coloring), self.seed_rows(coloring, x),
-                                               batch_size=batch_size, compile=compile))
+                                               batch_size=batch_size, compile=compile,
+                                               trace=trace() if trace else None))
 
     def compute(self, state: ProductState, x: torch.Tensor) -> torch.Tensor:
         return state.products(x)

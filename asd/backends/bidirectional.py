@@ -26,13 +26,14 @@ class Bidirectional(Backend):
     reverse: ReverseVJP = ReverseVJP()
     name = "vmap(jvp) + vmap(vjp)"
 
-    def init(self, g, x, coloring, *, batch_size=None, compile=False) -> BidirectionalState:
+    def init(self, g, x, coloring, *, batch_size=None, compile=False, trace=None) -> BidirectionalState:
         if not isinstance(coloring, BiColoring):
             raise InputError(f"Bidirectional evaluates a BiColoring, not a {type(coloring).__name__}")
         parts = []
         for block in coloring.seed_blocks(x.dtype, x.device):
             side = self.forward if isinstance(block, ColumnSeeds) else self.reverse
-            parts.append(BatchedProducts(side.batched(g, coloring), block.matrix, batch_size=batch_size, compile=compile))
+            parts.append(BatchedProducts(side.batched(g, coloring), block.matrix, batch_size=batch_size,
+                                         compile=compile, trace=trace() if trace else None))
         return BidirectionalState(tuple(parts))
 
     def compute(self, state: BidirectionalState, x: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,7 @@ class FusedGather(Backend):
         return (len(blocks) == 1 and coloring.plan.nlevels == 0 and hasattr(coloring.plan, "gather")
                 and (batch_size is None or batch_size >= coloring.ncolors))
 
-    def init(self, g, x, coloring, *, batch_size=None, compile=False) -> FusedState:
+    def init(self, g, x, coloring, *, batch_size=None, compile=False, trace=None) -> FusedState:
         if not self.applies(coloring, batch_size):
             raise InputError("FusedGather needs a direct decompression plan and all colors in one batch "
                              "(batch_size >= ncolors)")
@@ -53,7 +53,7 @@ class FusedGather(Backend):
             return _run(xv, seeds).reshape(-1).index_select(0, _idx)
 
         seeds = self.inner.seed_rows(coloring, x)
-        fused = BatchedProducts(run_gathered, seeds, compile=compile)
+        fused = BatchedProducts(run_gathered, seeds, compile=compile, trace=trace() if trace else None)
         return FusedState((g, x, coloring, batch_size), fused)
 
     def compute(self, state: FusedState, x: torch.Tensor) -> torch.Tensor:

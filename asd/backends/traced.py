@@ -1,0 +1,77 @@
+"""Traced evaluation: the batched products recorded once as a graph of ATen operations.
+
+``torch.func``'s transforms cost tens of microseconds of Python and batching-rule work per
+operation on every call. After a prepared operator's first calls, :class:`Tracing` records the
+batched products with ``make_fx`` into a graph of plain ATen operations (the same operations, so
+the same bits) and runs that graph instead. A graph bakes in the Python values ``f`` read while it
+was recorded and holds its tensors by reference, so every call first compares a value fingerprint
+of ``f`` and its extra arguments (:func:`asd.cache.value_fingerprint`) with the recorded one: a
+change drops the graph (and after :data:`MAX_MISSES` changes tracing stops for good). Tracing is
+only used when that fingerprint is complete - nothing ``f`` reads is summarized by identity alone -
+and the operator's pattern holds everywhere (not ``local=True``, not a user ``pattern=``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+__all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES"]
+
+#: calls evaluated through torch.func before the products are recorded
+CALLS_BEFORE_TRACING = 2
+#: fingerprint changes after which the operator stops tracing
+MAX_MISSES = 2
+
+
+class Tracing:
+    """Records and replays one :class:`~asd.backends.base.BatchedProducts`' function.
+
+    Parameters
+    ----------
+    guard
+        Returns ``(fingerprint, complete)`` of what the function reads now.
+    """
+
+    def __init__(self, guard: Callable[[], tuple]):
+        self.guard = guard
+        self.graphs: dict = {}
+        self.stamp = None
+        self.calls = 0
+        self.misses = 0
+        self.disabled = False
+        self.error: str | None = None
+
+    def run(self, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
+        """The products through the recorded graph, or ``None`` (evaluate ``fn`` itself)."""
+        if self.disabled:
+            return None
+        self.calls += 1
+        stamp, complete = self.guard()
+        if not complete:
+            self.disabled = True
+            return None
+        if stamp != self.stamp:
+            if self.graphs:
+                self.misses += 1
+                self.graphs.clear()
+                if self.misses >= MAX_MISSES:
+                    self.disabled = True
+                    return None
+            self.stamp = stamp
+        key = (tuple(seeds.shape), seeds.dtype)
+        graph = self.graphs.get(key)
+        if graph is None:
+            if self.calls <= CALLS_BEFORE_TRACING:
+                return None
+            from torch.fx.experimental.proxy_tensor import make_fx
+
+            try:
+                graph = make_fx(lambda a, b: fn(a, b))(x, seeds)
+            except Exception as exc:  # noqa: BLE001 - not traceable: keep the transforms
+                self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                self.disabled = True
+                return None
+            self.graphs[key] = graph
+        return graph(x, seeds)

@@ -1,0 +1,84 @@
+"""Traced evaluation (asd.backends.traced): the recorded graph gives the same bits as torch.func,
+and every change of what f reads is seen before a stale graph could answer."""
+
+import random
+
+import pytest
+import torch
+
+import asd
+from asd.backends.traced import CALLS_BEFORE_TRACING
+
+
+def _tracings(op):
+    state = op.state
+    products = getattr(state, "fused", None) or getattr(state, "products", None)
+    return products.tracing
+
+
+def _call(op, x, n=CALLS_BEFORE_TRACING + 2):
+    for _ in range(n):
+        J = op(x)
+    return J
+
+
+def test_traced_products_are_bit_identical_and_used():
+    scale = 3.0
+    f = lambda x: torch.sin(x[1:] * x[:-1]) * scale + x[1:] ** 3  # noqa: E731
+    x = torch.rand(50, dtype=torch.float64)
+    traced, plain = asd.prepare_jacobian(f, x), asd.prepare_jacobian(f, x, trace=False)
+    assert torch.equal(_call(traced, x).values(), _call(plain, x).values())
+    assert _tracings(traced).graphs and _tracings(plain) is None
+    h = lambda x: (x[1:] * x[:-1] ** 2).sum() + x.exp().sum()  # noqa: E731
+    H1, H2 = asd.prepare_hessian(h, x), asd.prepare_hessian(h, x, trace=False)
+    assert torch.equal(_call(H1, x).values(), _call(H2, x).values())
+    torch.testing.assert_close(H1(x).to_dense(), torch.func.hessian(h)(x))
+
+
+def test_a_changed_float_in_the_closure_is_seen():
+    p = {"scale": 2.0}
+    f = lambda x: x[1:] * x[:-1] * p["scale"]  # noqa: E731
+    x = torch.rand(20, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    _call(op, x)
+    for s in (5.0, -1.0, 7.0):
+        p["scale"] = s
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+
+
+def test_captured_tensors_updated_in_place_or_rebound():
+    state = {"W": torch.rand(20, dtype=torch.float64)}
+    f = lambda x: torch.tanh(x * state["W"]).cumsum(0)  # noqa: E731
+    x = torch.rand(20, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    _call(op, x)
+    state["W"].mul_(3.0)  # in place: the graph holds the tensor by reference
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+    state["W"] = torch.rand(20, dtype=torch.float64)  # a new tensor: the fingerprint changes
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+
+
+def test_hidden_state_disables_tracing():
+    f = lambda x: x ** 2 * (1.0 + 0.0 * random.random())  # noqa: E731 - reads the random module
+    x = torch.rand(5, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    _call(op, x)
+    assert _tracings(op).disabled and not _tracings(op).graphs
+
+
+def test_no_tracing_for_local_patterns_or_when_asked():
+    x = torch.rand(6, dtype=torch.float64)
+    assert _tracings(asd.prepare_jacobian(torch.relu, x, local=True)) is None
+    assert _tracings(asd.prepare_jacobian(torch.sin, x, trace=False)) is None
+    with pytest.raises(TypeError, match="trace"):
+        asd.prepare_jacobian(torch.sin, x, trace="yes")
+
+
+def test_changing_arguments_keep_traced_results_right():
+    def f(x, t):
+        return x[1:] * x[:-1] * t
+
+    x = torch.rand(10, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, args=(1.0,))
+    for t in (1.0, 2.0, 3.0, 4.0, 5.0):
+        torch.testing.assert_close(op(x, t).to_dense(), torch.func.jacrev(lambda z: f(z, t))(x))

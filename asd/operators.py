@@ -184,7 +184,7 @@ class _SparseOperator:
             backend = default_backend(coloring, batch_size=batch_size, **kw)
         self._x0 = x.detach().reshape(-1)
         if trace is None:  # the pattern must hold everywhere for a recorded graph to be replayed
-            trace = not (compile or self._local or self._user_pattern)
+            trace = not (self._local or self._user_pattern)
         self._options = dict(batch_size=self.batch_size, compile=compile,
                              trace=self._make_tracing if check_bool("trace", trace) else None)
         self._adopt(coloring, backend)
@@ -365,10 +365,10 @@ class SparseJacobian(_SparseOperator):
         An explicit evaluation backend (see :mod:`asd.backends`) for the chosen coloring.
     trace
         Record the batched products as a graph of ATen operations after the first calls and replay
-        it (several times faster eagerly; the same bits), guarded on every call by a value
-        fingerprint of ``f`` and its arguments (:mod:`asd.backends.traced`). ``None`` (default):
-        on unless ``compile=True``, ``local=True`` or a user ``pattern``, and only while the
-        fingerprint sees everything ``f`` reads.
+        it (faster eagerly; the same bits; with ``compile=True`` the recorded graph is what is
+        compiled), guarded on every call by a value fingerprint of ``f`` and its arguments
+        (:mod:`asd.backends.traced`). ``None`` (default): on unless ``local=True`` or a user
+        ``pattern``, and only while the fingerprint sees everything ``f`` reads.
     args, kwargs
         Extra arguments of ``f`` that are not differentiated (``f(x, *args, **kwargs)``), used for
         detection; each call may pass others (``op(x, *args, **kwargs)``).

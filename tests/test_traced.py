@@ -82,3 +82,25 @@ def test_changing_arguments_keep_traced_results_right():
     op = asd.prepare_jacobian(f, x, args=(1.0,))
     for t in (1.0, 2.0, 3.0, 4.0, 5.0):
         torch.testing.assert_close(op(x, t).to_dense(), torch.func.jacrev(lambda z: f(z, t))(x))
+
+
+def test_compile_compiles_the_recorded_graph():
+    f = lambda x: torch.sin(x[1:]) * x[:-1]  # noqa: E731
+    x = torch.rand(16, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, compile=True)
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+    tracing = _tracings(op)
+    assert tracing.compile and tracing.graphs and not tracing.disabled
+
+
+@pytest.mark.slow
+def test_many_compiled_operators_in_one_process_stay_compiled():
+    # each operator compiles its own recorded graph: no shared code object hits dynamo's recompile limit
+    ops = []
+    for n in range(5, 15):
+        f = lambda x: torch.sin(x[1:]) * x[:-1]  # noqa: E731
+        x = torch.rand(n, dtype=torch.float64)
+        op = asd.prepare_jacobian(f, x, compile=True)
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+        ops.append(op)
+    assert all(_tracings(op).graphs and not _tracings(op).disabled for op in ops)

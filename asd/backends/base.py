@@ -89,8 +89,10 @@ class BatchedProducts:
         self.seeds = seeds
         self.batch_size = batch_size
         self._eager = fn
+        self.tracing = trace
+        if trace is not None and compile:
+            trace.compile = True  # compile the recorded graph; the transforms only if that fails
         self._compiled = torch.compile(fn, dynamic=False) if compile else None
-        self.tracing = None if compile else trace
         self.compile_failed: str | None = None
         self.sparse_constants: bool | None = None
 
@@ -124,6 +126,10 @@ class BatchedProducts:
 
     def run(self, x: torch.Tensor, seeds: torch.Tensor):
         """``fn(x, seeds)`` for one chunk, compiled when possible."""
+        if self.tracing is not None and self.sparse_constants is False:
+            out = self.tracing.run(self._eager, x, seeds)
+            if out is not None:
+                return out
         if self._compiled is not None:
             try:
                 return self._call(self._compiled, x, seeds)
@@ -134,10 +140,6 @@ class BatchedProducts:
                 self._compiled = None
                 warnings.warn(f"asd: torch.compile failed ({self.compile_failed}); evaluating eagerly",
                               RuntimeWarning, stacklevel=3)
-        if self.tracing is not None and self.sparse_constants is False:
-            out = self.tracing.run(self._eager, x, seeds)
-            if out is not None:
-                return out
         return self._call(self._eager, x, seeds)
 
     def chunks(self):

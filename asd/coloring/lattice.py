@@ -25,35 +25,28 @@ MAX_CANDIDATES = 400
 
 def _valid(rows: np.ndarray, cols: np.ndarray, colors: np.ndarray, k: int) -> bool:
     """No row holds two vertices of the same color."""
-    key = rows * k + colors[cols]
-    key.sort()
-    return not bool((key[1:] == key[:-1]).any())
+    counts = np.bincount(rows * k + colors[cols], minlength=(int(rows[-1]) + 1) * k if rows.size else 0)
+    return not bool((counts > 1).any())
 
 
-def _widths(P: SparsityPattern, limit: int = 3) -> list[int]:
-    """Candidate grid widths of a flat vertex index: frequent index differences within rows."""
-    n = P.shape[1]
-    rng = np.random.default_rng(0)
-    sel = rng.choice(P.shape[0], size=min(P.shape[0], 512), replace=False)
-    diffs = []
-    for r in sel:
-        c = P.indices[P.indptr[r]:P.indptr[r + 1]]
-        if 1 < c.size <= 64:
-            d = np.abs(c[:, None] - c[None, :]).ravel()
-            diffs.append(d[d > 2])
-    if not diffs:
+def _widths(sample: np.ndarray, n: int, limit: int = 3) -> list[int]:
+    """Candidate grid widths of a flat vertex index: frequent index differences within the sampled
+    rows (``sample``: padded ``(R, D)`` columns, ``-1`` = padding)."""
+    ok = sample >= 0
+    d = np.abs(sample[:, :, None] - sample[:, None, :])
+    d = d[ok[:, :, None] & ok[:, None, :] & (d > 2)]
+    if d.size == 0:
         return []
-    values, counts = np.unique(np.concatenate(diffs), return_counts=True)
+    values, counts = np.unique(d, return_counts=True)
     order = np.argsort(-counts, kind="stable")
     return sorted(int(w) for w in values[order][:limit] if n % int(w) == 0 and int(w) < n)
 
 
-def _grids(P: SparsityPattern, shape: tuple) -> list[tuple]:
+def _grids(sample: np.ndarray, n: int, shape: tuple) -> list[tuple]:
     shape = tuple(int(s) for s in shape if int(s) > 1)
-    n = P.shape[1]
     if len(shape) >= 2:
         return [shape]
-    ws = _widths(P)
+    ws = _widths(sample, n)
     grids = [(n // w, w) for w in ws]
     for w1, w2 in itertools.combinations(ws, 2):
         if w2 % w1 == 0:
@@ -65,13 +58,11 @@ def _sample_entries(P: SparsityPattern, nrows: int):
     """Columns of a random sample of rows as a padded ``(R, D)`` array (padding ``-1``)."""
     rng = np.random.default_rng(0)
     sel = rng.choice(P.shape[0], size=min(P.shape[0], nrows), replace=False)
-    deg = np.diff(P.indptr)[sel]
+    start, deg = P.indptr[sel], np.diff(P.indptr)[sel]
     D = int(deg.max()) if deg.size else 0
-    out = np.full((sel.size, D), -1, dtype=np.int64)
-    for i, r in enumerate(sel):
-        c = P.indices[P.indptr[r]:P.indptr[r + 1]]
-        out[i, :c.size] = c
-    return out
+    pos = start[:, None] + np.arange(D)[None, :]
+    valid = np.arange(D)[None, :] < deg[:, None]
+    return np.where(valid, P.indices[np.minimum(pos, max(P.nnz - 1, 0))], -1)
 
 
 def lattice_colors(P: SparsityPattern, shape: tuple, lower: int, upper: int) -> tuple[np.ndarray, int] | None:
@@ -81,9 +72,11 @@ def lattice_colors(P: SparsityPattern, shape: tuple, lower: int, upper: int) -> 
     if n == 0 or upper <= max(lower, 1):
         return None
     sample = _sample_entries(P, 64)
+    if sample.shape[1] > 64:  # rows this dense are no stencil
+        return None
     pad = sample < 0
     tried = 0
-    for grid in _grids(P, shape):
+    for grid in _grids(sample, n, shape):
         coords = np.stack(np.unravel_index(np.arange(n), grid)).astype(np.int64)  # (d, n)
         d = coords.shape[0]
         sc = coords[:, np.maximum(sample, 0)]  # (d, R, D)
@@ -92,12 +85,15 @@ def lattice_colors(P: SparsityPattern, shape: tuple, lower: int, upper: int) -> 
             tried += coefs.shape[0]
             if tried > MAX_CANDIDATES:
                 return None
-            # every candidate on the sampled rows at once: no repeated color within a row
-            col = np.einsum("cd,drk->crk", coefs, sc) % k
-            col = np.where(pad[None], k + np.arange(pad.shape[1])[None, None, :], col)
-            col.sort(axis=2)
-            ok = ~(col[:, :, 1:] == col[:, :, :-1]).any(axis=(1, 2))
-            for c in np.nonzero(ok)[0]:
+            # every candidate on a few sampled rows at once (no repeated color within a row), the
+            # survivors on all sampled rows, then on the whole pattern
+            ok = np.arange(coefs.shape[0])
+            for rows in (slice(0, 8), slice(None)):
+                col = np.einsum("cd,drk->crk", coefs[ok], sc[:, rows]) % k
+                col = np.where(pad[None, rows], k + np.arange(pad.shape[1])[None, None, :], col)
+                col.sort(axis=2)
+                ok = ok[~(col[:, :, 1:] == col[:, :, :-1]).any(axis=(1, 2))]
+            for c in ok:
                 colors = (coefs[c] @ coords) % k
                 if _valid(P.rows, P.indices, colors, k):
                     used = np.unique(colors)

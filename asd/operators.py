@@ -17,6 +17,7 @@ import torch
 
 from .backends import HVP_BACKENDS, Backend, BatchedProducts, default_backend, flatten_function, scalar_function
 from .backends.hvp import ForwardOverReverseHVP, ReverseOverReverseHVP, value_grad_hvp
+from .coloring.choose import choose_hessian, choose_jacobian
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor
 from .detection.jacobian import check_input
@@ -396,7 +397,6 @@ class SparseJacobian(_SparseOperator):
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
                  check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None,
                  trace: bool | None = None):
-        from .coloring import color, hopeless
         from .detection import jacobian_pattern
 
         self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
@@ -419,19 +419,8 @@ class SparseJacobian(_SparseOperator):
 
         self._prepare_pattern(lambda: jacobian_pattern(fx, x, local=local, strict=strict), pattern, conform)
         problem = coloring or {"forward": "column", "reverse": "row"}.get(mode)
-
-        def choose():
-            if problem is not None:
-                return color(self.pattern, problem, order=order)
-            P = self.pattern
-            if hopeless(P, "column") and hopeless(P, "row"):  # dense AD on the smaller side
-                return color(P, "column" if P.shape[1] <= P.shape[0] else "row", order=order)
-            col = color(P, "column", order=order)
-            row = color(P, "row", order=order)
-            # on a tie: reverse eagerly (one VJP batch shares one forward pass), forward when compiled
-            return col if col.ncolors < row.ncolors or (col.ncolors == row.ncolors and compile) else row
-
-        result = self._choose_coloring(choose)
+        result = self._choose_coloring(lambda: choose_jacobian(self.pattern, problem, order,
+                                                               prefer="column" if compile else "row"))
         _warn_if_dense(result, self.pattern)
         self._order = order
         check = _check_option(check, default=local or self._user_pattern)
@@ -511,7 +500,7 @@ class SparseHessian(_SparseOperator):
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
                  check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None,
                  trace: bool | None = None):
-        from .coloring import color, symmetric_pattern
+        from .coloring import symmetric_pattern
         from .detection import hessian_pattern
 
         self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
@@ -526,19 +515,10 @@ class SparseHessian(_SparseOperator):
             return symmetric_pattern(P).with_shapes(tuple(x.shape), tuple(x.shape))
 
         self._prepare_pattern(lambda: hessian_pattern(fx, x, local=local, strict=strict), pattern, conform)
-        if coloring is None and x.dtype != torch.float64:
-            coloring = "star"  # substitution accumulates rounding: in low precision only on request
-
-        def choose():
-            if coloring is not None:
-                return color(self.pattern, coloring, order=order)
-            star = color(self.pattern, "star", order=order)
-            acyclic = color(self.pattern, "acyclic", order=order)
-            # off the CPU, substitution runs level by level: worth it only for shallow trees
-            shallow = x.device.type == "cpu" or acyclic.plan.nlevels <= MAX_GPU_SUBSTITUTION_LEVELS
-            return acyclic if acyclic.ncolors < star.ncolors and shallow else star
-
-        result = self._choose_coloring(choose)
+        # off the CPU, substitution runs level by level: worth it only for shallow trees
+        result = self._choose_coloring(lambda: choose_hessian(
+            self.pattern, coloring, order, exact_arithmetic=x.dtype == torch.float64,
+            max_levels=None if x.device.type == "cpu" else MAX_GPU_SUBSTITUTION_LEVELS))
         _warn_if_dense(result, self.pattern)
         self.hvp = hvp
         self._g = self._flat(f)

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import sparse as jsparse
 
-from ..coloring import color, symmetric_pattern
+from ..coloring import symmetric_pattern
+from ..coloring.choose import choose_hessian, choose_jacobian
 from ..errors import InputError
 from ..patterns import SparsityPattern, as_pattern
 from . import _coloring as C
@@ -169,12 +170,7 @@ class SparseJacobian(_SparseOperator):
         self._detect(lambda: jacobian_sparsity(f, x, local=local, strict=strict), pattern, conform)
         problem = coloring or {"forward": "column", "reverse": "row"}.get(mode)
         t0 = time.perf_counter()
-        if problem is not None:
-            result = color(self.pattern, problem, order=order)
-        else:
-            col = color(self.pattern, "column", order=order)
-            row = color(self.pattern, "row", order=order)
-            result = col if col.ncolors <= row.ncolors else row
+        result = choose_jacobian(self.pattern, problem, order, prefer="column")  # jitted JVPs win ties
         self.timings["coloring"] = time.perf_counter() - t0
         self.mode = {"column": "forward", "row": "reverse"}.get(result.problem, result.problem)
         shape = self.shape
@@ -239,14 +235,8 @@ class SparseHessian(_SparseOperator):
 
         self._detect(lambda: hessian_sparsity(f, x, local=local, strict=strict), pattern, conform)
         t0 = time.perf_counter()
-        if coloring is not None:
-            result = color(self.pattern, coloring, order=order)
-        else:
-            result = color(self.pattern, "star", order=order)
-            if self.dtype == jnp.float64:
-                acyclic = color(self.pattern, "acyclic", order=order)
-                if acyclic.ncolors < result.ncolors and C.nlevels(acyclic) <= MAX_SUBSTITUTION_LEVELS:
-                    result = acyclic
+        result = choose_hessian(self.pattern, coloring, order, exact_arithmetic=self.dtype == jnp.float64,
+                                max_levels=MAX_SUBSTITUTION_LEVELS)
         self.timings["coloring"] = time.perf_counter() - t0
         shape = self.shape
 

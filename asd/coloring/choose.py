@@ -1,0 +1,45 @@
+"""The default coloring of a Jacobian or a Hessian, shared by the PyTorch and JAX operators."""
+
+from __future__ import annotations
+
+from asd.coloring.result import Coloring
+from asd.patterns import SparsityPattern
+
+__all__ = ["choose_jacobian", "choose_hessian"]
+
+
+def choose_jacobian(pattern: SparsityPattern, problem: str | None, order: str, *, prefer: str) -> Coloring:
+    """The coloring of ``problem`` or, when it is ``None``, the cheaper of column and row colorings
+    (``prefer`` wins ties: ``"row"`` eagerly, where one VJP batch shares one forward pass,
+    ``"column"`` for compiled or jitted JVPs). When neither can compress (see
+    :func:`asd.coloring.hopeless`) dense AD runs on the smaller side without coloring."""
+    from asd.coloring import color, hopeless
+
+    if problem is not None:
+        return color(pattern, problem, order=order)
+    m, n = pattern.shape
+    if hopeless(pattern, "column") and hopeless(pattern, "row"):
+        return color(pattern, "column" if n <= m else "row", order=order)
+    col = color(pattern, "column", order=order)
+    row = color(pattern, "row", order=order)
+    if col.ncolors != row.ncolors:
+        return col if col.ncolors < row.ncolors else row
+    return col if prefer == "column" else row
+
+
+def choose_hessian(pattern: SparsityPattern, problem: str | None, order: str, *, exact_arithmetic: bool,
+                   max_levels: int | None) -> Coloring:
+    """The coloring of ``problem`` or, when it is ``None``, star unless acyclic needs fewer colors,
+    the arithmetic is float64 (``exact_arithmetic``: substitution accumulates rounding errors on
+    small entries in lower precision) and its substitution has at most ``max_levels`` sequential
+    levels (``None``: any)."""
+    from asd.coloring import color
+
+    if problem is not None:
+        return color(pattern, problem, order=order)
+    star = color(pattern, "star", order=order)
+    if not exact_arithmetic:
+        return star
+    acyclic = color(pattern, "acyclic", order=order)
+    shallow = max_levels is None or acyclic.plan.nlevels <= max_levels
+    return acyclic if acyclic.ncolors < star.ncolors and shallow else star

@@ -71,11 +71,6 @@ def decompression(coloring) -> Gather | Substitution:
                         nnz=int(plan.nnz))
 
 
-def nlevels(coloring) -> int:
-    """Sequential substitution levels of the coloring's plan (0 for direct plans)."""
-    return int(coloring.plan.nlevels)
-
-
 def structure(coloring) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
     """``(indptr, indices, shape)`` of the pattern whose values the plan fills."""
     return np.asarray(coloring.indptr), np.asarray(coloring.indices), tuple(coloring.shape)

@@ -58,8 +58,27 @@ def block(y):
     return y
 
 
+def pair_products_nnz(size):
+    """nnz of asdex's global Hessian pattern of sum(x[::2] * x[1::2]) (exact: 2 * size // 2)."""
+    f = lambda x: jnp.sum(x[::2] * x[1::2])  # noqa: E731
+    x = jnp.ones(size)
+    errors = []
+    for arg in (x, x.shape):  # the signature differs between versions
+        try:
+            P = asdex.hessian_sparsity(f, arg)
+        except Exception as exc:  # noqa: BLE001 - try the other signature
+            errors.append(f"{type(exc).__name__}: {exc}")
+            continue
+        nnz = getattr(P, "nnz", None)
+        return int(nnz) if nnz is not None else int(np.count_nonzero(np.asarray(P.todense())))
+    return "error: " + " | ".join(errors)
+
+
 def main():
     problem, size, policy_json = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if problem == "pair_products_nnz":
+        print(json.dumps({"nnz": pair_products_nnz(size), "version": getattr(asdex, "__version__", None)}))
+        return
     timing = load_timing()
     policy = timing.Policy.from_json(json.loads(policy_json))
     f, n, prepare = PROBLEMS[problem](size)

@@ -2,7 +2,7 @@
 source checkout.
 
 Each benchmark prints its table and writes JSON into ``benchmarks/results/``. Names: jacobian,
-hessian, hessian_detection, coloring, linalg, detection, trust, clients, large, asd_jax (default: all). Options (``--quick``,
+hessian, hessian_detection, coloring, linalg, detection, trust, clients, large, asd_jax, distributed (default: all). Options (``--quick``,
 ``--no-peers``, ``--threads N``) are passed to every script. ``--quick`` is the smoke mode: tiny
 sizes, one warm-up and two samples, and the JSON goes to ``$ASD_BENCH_OUT`` (default: a new
 temporary folder), never to ``benchmarks/results/``.
@@ -16,7 +16,7 @@ import sys
 import tempfile
 import traceback
 
-NAMES = ("jacobian", "hessian", "hessian_detection", "coloring", "linalg", "detection", "trust", "clients", "large", "asd_jax")
+NAMES = ("jacobian", "hessian", "hessian_detection", "coloring", "linalg", "detection", "trust", "clients", "large", "asd_jax", "distributed")
 OUT_ENV = "ASD_BENCH_OUT"
 
 

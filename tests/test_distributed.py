@@ -1,0 +1,283 @@
+"""asd.distributed: color batches split over gloo processes give the single-process bits."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import asd
+import asd.distributed
+from asd.distributed import layout
+from asd.problems import brusselator, brusselator_input, rosenbrock, total_variation
+
+OUTPUTS = ("replicated", "rows", "root")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def _dense_jacobian(f, x):
+    return torch.func.jacrev(lambda z: f(z).reshape(-1))(x).reshape(-1, x.numel())
+
+
+def _dense_hessian(f, x):
+    return torch.func.hessian(f)(x).reshape(x.numel(), x.numel())
+
+
+def _check(op, single, x, dense, output: str, rank: int) -> None:
+    """The distributed result of ``op`` equals ``single``'s bits and the dense float64 derivative."""
+    out = op(x)
+    values = op.values(x)  # every rank calls: a call is a collective
+    full = single(x)
+    if output == "root" and rank != 0:
+        assert out is None and values is None
+        return
+    assert torch.equal(values, out.values())
+    if output == "rows":
+        r0, r1 = op.row_range
+        assert out.shape == (r1 - r0, full.shape[1])
+        lo, hi = int(full.crow_indices()[r0]), int(full.crow_indices()[r1])
+        assert torch.equal(out.crow_indices(), full.crow_indices()[r0:r1 + 1] - lo)
+        assert torch.equal(out.col_indices(), full.col_indices()[lo:hi])
+        assert torch.equal(out.values(), full.values()[lo:hi])
+        torch.testing.assert_close(out.to_dense(), dense[r0:r1], rtol=1e-12, atol=1e-12)
+        return
+    assert torch.equal(out.crow_indices(), full.crow_indices())
+    assert torch.equal(out.col_indices(), full.col_indices())
+    assert torch.equal(out.values(), full.values())
+    torch.testing.assert_close(out.to_dense(), dense, rtol=1e-12, atol=1e-12)
+
+
+def _cases():
+    """(name, kind, f, x, options) of the small problems."""
+    N = 6
+    x1 = brusselator_input(N)
+    x3 = torch.linspace(-1.2, 1.4, 41, dtype=torch.float64)
+    xtv = torch.rand(5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    jac = [("B1", "jacobian", brusselator(N), x1, dict(coloring=c)) for c in ("column", "row", "bidirectional")]
+    hess = [(name, "hessian", f, x, dict(coloring=c)) for name, f, x in
+            (("B3", rosenbrock, x3), ("TV", total_variation(5), xtv)) for c in ("star", "acyclic")]
+    return jac + hess
+
+
+def _prepare(kind, f, x, options, **more):
+    module = asd.distributed if more.get("output") else asd
+    make = module.prepare_jacobian if kind == "jacobian" else module.prepare_hessian
+    return make(f, x, **options, **more)
+
+
+def _agree(rank: int, world: int, port: int) -> None:
+    _init(rank, world, port)
+    try:
+        for name, kind, f, x, options in _cases():
+            single = _prepare(kind, f, x, options)
+            dense = (_dense_jacobian if kind == "jacobian" else _dense_hessian)(f, x)
+            for output in OUTPUTS:
+                op = _prepare(kind, f, x, options, output=output)
+                assert op.coloring.problem == options["coloring"], name
+                _check(op, single, x, dense, output, rank)
+                assert op.last_call_bytes > 0  # every rank sends or receives at least its status
+            # a batch size below the share evaluates in chunks: still the same bits
+            op = _prepare(kind, f, x, options, output="replicated", batch_size=1)
+            _check(op, single, x, dense, "replicated", rank)
+        _subgroup(rank, world)
+        _failures(rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def _subgroup(rank: int, world: int) -> None:
+    """``group=``: ranks 1.. of the world form a group whose rank 0 (global rank 1) prepares."""
+    members = list(range(1, world))
+    group = dist.new_group(members)  # a collective of the whole world
+    if rank not in members:
+        return
+    x = torch.linspace(-1.0, 1.0, 30, dtype=torch.float64)
+    single = asd.prepare_hessian(rosenbrock, x, coloring="star")
+    for output in OUTPUTS:
+        op = asd.distributed.prepare_hessian(rosenbrock, x, coloring="star", output=output, group=group)
+        assert (op.rank, op.world_size) == (rank - 1, world - 1)
+        _check(op, single, x, _dense_hessian(rosenbrock, x), output, op.rank)
+
+
+def _failures(rank: int) -> None:
+    """Failures on one rank raise on every rank instead of leaving the others waiting."""
+    def broken(z):
+        raise ValueError("broken function")
+
+    x = torch.ones(4, dtype=torch.float64)
+    expected = ValueError if rank == 0 else asd.distributed.PreparationFailed
+    with pytest.raises(expected, match="broken function"):
+        asd.distributed.prepare_jacobian(broken, x)
+
+    fail_here = {"on": False}
+    last = dist.get_world_size() - 1  # the rank that evaluates the one color
+
+    def flaky(z):
+        if fail_here["on"] and rank == last:
+            raise RuntimeError("this rank cannot evaluate")
+        return z ** 2
+
+    for output in OUTPUTS:
+        op = asd.distributed.prepare_jacobian(flaky, x, output=output, coloring="column")
+        assert op.local_ncolors == (1 if rank == last else 0)
+        fail_here["on"] = True
+        if rank == last:
+            with pytest.raises(RuntimeError, match="this rank cannot"):
+                op(x)
+        elif output == "root" and rank != 0:
+            assert op(x) is None
+        else:
+            with pytest.raises(asd.AsdError, match=rf"rank\(s\) \[{last}\]"):
+                op(x)
+        fail_here["on"] = False
+        J = op(x)
+        r0, r1 = op.row_range if output == "rows" else (0, 4)
+        assert J is None if output == "root" and rank != 0 else torch.equal(J.to_dense(), torch.diag(2 * x)[r0:r1])
+
+
+def _spawn(fn, world: int, *args, timeout: float = 240) -> None:
+    """Run ``fn(rank, world, port, *args)`` in ``world`` processes; a hang fails instead of blocking."""
+    import time
+
+    context = mp.spawn(fn, args=(world, _free_port(), *args), nprocs=world, join=False)
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=1):  # raises the first child's exception
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.terminate()
+            pytest.fail(f"{world} processes did not finish within {timeout} s")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gloo_processes_give_the_single_process_bits(world):
+    _spawn(_agree, world)
+
+
+def test_one_process_group():
+    """A group of one rank: every output is the full matrix, nothing is communicated."""
+    _init(0, 1, _free_port())
+    try:
+        f, x = brusselator(4), brusselator_input(4)
+        single = asd.prepare_jacobian(f, x, coloring="bidirectional")
+        for output in OUTPUTS:
+            op = asd.distributed.prepare_jacobian(f, x, coloring="bidirectional", output=output)
+            assert torch.equal(op(x).values(), single(x).values())
+            assert op.last_call_bytes == 0 and op.color_range == (0, single.ncolors)
+        op = asd.distributed.prepare_jacobian(f, x, coloring="bidirectional", batch_size="auto")
+        assert torch.equal(op(x).values(), single(x).values())
+        with pytest.raises(asd.InputError, match="output must be one of"):
+            asd.distributed.prepare_jacobian(f, x, output="everywhere")
+        with pytest.raises(asd.InputError, match="backend="):
+            asd.distributed.prepare_jacobian(f, x, backend=None)
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            import pickle
+            pickle.dumps(asd.distributed.prepare_hessian(rosenbrock, torch.ones(5, dtype=torch.float64)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_needs_an_initialized_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(asd.InputError, match="init_process_group"):
+        asd.distributed.prepare_jacobian(brusselator(4), brusselator_input(4))
+
+
+def test_import_asd_leaves_asd_distributed_unloaded():
+    import subprocess
+
+    code = "import sys, asd; print('asd.distributed' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_layout_owns_every_entry_once():
+    """Every CSR value is sent by exactly one rank and read back once (direct plans)."""
+    import numpy as np
+
+    f, x = brusselator(5), brusselator_input(5)
+    for coloring in ("column", "row", "bidirectional"):
+        c = asd.prepare_jacobian(f, x, coloring=coloring).coloring
+        lengths = np.concatenate([np.full(k, n) for k, n in
+                                  (c.plan.compressed_shape if isinstance(c.plan.compressed_shape[0], tuple)
+                                   else (c.plan.compressed_shape,))])
+        for world in (1, 2, 3, 5):
+            S = layout.shares(lengths, world)
+            full = layout.direct_all_gather(c.plan.gather, S, 0)
+            assert sorted(full.take.tolist()) == sorted(set(full.take.tolist()))
+            assert len(full.take) == c.nnz and not set(full.take.tolist()) & set(full.flags.tolist())
+            blocks = [layout.direct_to_rows(c.plan.gather, c.rows(), c.indptr, c.shape[0], S, r) for r in range(world)]
+            assert sum(len(b.take) for b in blocks) == c.nnz
+            for r, b in enumerate(blocks):  # what q sends to r is what r expects from q
+                assert b.recv_splits == tuple(blocks[q].send_splits[r] for q in range(world))
+
+
+def _large(rank: int, world: int, port: int, out: str) -> None:
+    _init(rank, world, port)
+    try:
+        N = 128
+        f, x = brusselator(N), brusselator_input(N)
+        J = asd.distributed.prepare_jacobian(f, x)(x)
+        n = 10 ** 5
+        xh = torch.linspace(-1.2, 1.4, n, dtype=torch.float64)
+        H = asd.distributed.prepare_hessian(rosenbrock, xh)(xh)
+        if rank == 0:
+            torch.save((J.values(), H.values()), out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_large_problems_bit_identical(world, tmp_path):
+    """B1 N=128 (Jacobian) and B3 n=10^5 (Hessian): the bits of one process."""
+    out = str(tmp_path / "values.pt")
+    _spawn(_large, world, out)
+    Jv, Hv = torch.load(out)
+    N = 128
+    f, x = brusselator(N), brusselator_input(N)
+    xh = torch.linspace(-1.2, 1.4, 10 ** 5, dtype=torch.float64)
+    assert torch.equal(Jv, asd.prepare_jacobian(f, x)(x).values())
+    assert torch.equal(Hv, asd.prepare_hessian(rosenbrock, xh)(xh).values())
+
+
+_TORCHRUN_SCRIPT = """
+import torch, torch.distributed as dist
+import asd, asd.distributed
+from asd.problems import brusselator, brusselator_input
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+f, x = brusselator(5), brusselator_input(5)
+J = asd.distributed.prepare_jacobian(f, x)(x)
+assert torch.equal(J.values(), asd.prepare_jacobian(f, x)(x).values())
+print("rank", dist.get_rank(), "of", dist.get_world_size(), "ok", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_under_torchrun(tmp_path):
+    """The environment torchrun sets up is all asd.distributed needs."""
+    import subprocess
+
+    script = tmp_path / "job.py"
+    script.write_text(_TORCHRUN_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert sorted(line for line in out.stdout.splitlines() if line.startswith("rank")) == [
+        "rank 0 of 2 ok", "rank 1 of 2 ok"]

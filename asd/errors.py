@@ -50,3 +50,9 @@ class StalePatternWarning(UserWarning):
 class TransformUnsupported(InputError):
     """The function cannot run under ``torch.func``'s batched transforms (sparse tensors built
     inside it, randomness under ``vmap``, in-place updates of captured tensors, ...)."""
+
+
+class HostFallbackWarning(UserWarning):
+    """A step copied values to the host and back because its device has no kernel for it (a
+    direct factorization, a symbolic sparse product, a triangular sweep off CUDA).  Warned once
+    per kind of step in a process; silence it with ``warnings.filterwarnings``."""

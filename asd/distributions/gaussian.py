@@ -14,7 +14,9 @@ arguments                 meaning                          sample ``x = loc + ..
 In the LDL^T forms ``L`` is unit lower triangular and stored *without* its diagonal (strictly
 lower; stored diagonal entries are ignored) and ``D`` (``diagonal=``) is a dense positive vector.
 Sampling and densities use only sparse products and triangular solves, so gradients with respect
-to ``L`` keep its pattern and nothing ``n x n`` is ever formed.
+to ``L`` keep its pattern and nothing ``n x n`` is ever formed.  Sampling, densities and entropy
+run on the factor's device without host round trips; construction reads back its structural
+and (with ``validate_args``) value checks, which are skipped on ``meta``.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from torch.distributions import Distribution, constraints
 
 from asd.errors import InputError
 from asd.linalg import matmul, triangular_solve
-from asd.linalg._sparse import check_sparse, values_of
-from asd.linalg.triangular import check_triangular
+from asd.linalg._sparse import Pattern, check_dtypes, check_sparse, values_of
+from asd.linalg.products import spmm_values
+from asd.linalg.triangular import check_triangular, trisolve_values
 
 __all__ = ["SparseMultivariateNormal"]
 
@@ -48,7 +51,8 @@ class SparseMultivariateNormal(Distribution):
         ``D`` of the LDL^T form, shape ``(n,)``, positive.  With it, the factor is unit lower
         triangular and stored without its diagonal.
     validate_args : bool, optional
-        Check positivity of ``D`` / of the diagonal of ``L``.
+        Check positivity of ``D`` / of the diagonal of ``L`` (never on ``meta``, whose tensors
+        have no values).
 
     Examples
     --------
@@ -87,10 +91,9 @@ class SparseMultivariateNormal(Distribution):
         if self._ldl:
             if diagonal.shape != (n,):
                 raise InputError(f"diagonal must have shape ({n},), got {tuple(diagonal.shape)}")
-        else:
-            if int(P.diag_mask.sum()) != n:
-                raise InputError("the factor must store every diagonal entry (LL^T form); for a "
-                                 "unit factor stored without its diagonal pass diagonal=D")
+        elif not P.on_meta and int(P.diag_mask.sum()) != n:
+            raise InputError("the factor must store every diagonal entry (LL^T form); for a "
+                             "unit factor stored without its diagonal pass diagonal=D")
         self.loc = loc
         self.factor = L
         self.diagonal = diagonal
@@ -98,6 +101,8 @@ class SparseMultivariateNormal(Distribution):
         self.scale_tril = scale_tril
         self.precision_tril = precision_tril
         self._n = n
+        if P.on_meta:
+            validate_args = False
         super().__init__(loc.shape[:-1], loc.shape[-1:], validate_args=validate_args)
         if self._validate_args:
             if self._ldl and not bool((diagonal > 0).all()):
@@ -106,12 +111,13 @@ class SparseMultivariateNormal(Distribution):
                 raise InputError("the diagonal of the factor must be positive")
 
     # ---- helpers -----------------------------------------------------------------------------
-    def _half_logdet_cov(self) -> torch.Tensor:
+    def _half_logdet_cov(self, P: Pattern, vals: torch.Tensor) -> torch.Tensor:
+        """``1/2 log det S`` from the factor's flat values ``vals`` (of pattern ``P``)."""
         if self._ldl:
             h = 0.5 * torch.log(self.diagonal).sum()
         else:
-            P, vals = values_of(self.factor)
-            h = torch.log(vals[P.diag_mask].abs()).sum()
+            d = torch.where(P.diag_mask, vals.abs(), torch.ones_like(vals))  # no boolean indexing
+            h = torch.log(d).sum()
         return -h if self._is_precision else h
 
     @property
@@ -150,21 +156,22 @@ class SparseMultivariateNormal(Distribution):
         diff = value - self.loc
         shape = diff.shape
         Dc, _ = self._to_cols(diff)
-        L = self.factor
+        # one read of L's values for both terms: its gradient is built once, in L's layout
+        P, vals = values_of(self.factor)
+        check_dtypes(vals, Dc)
         if not self._is_precision:
+            Z = trisolve_values(P, vals, Dc, lower=True, unit=self._ldl)
             if self._ldl:
-                Z = triangular_solve(L, Dc, unit_diagonal=True) / self.diagonal.sqrt().unsqueeze(1)
-            else:
-                Z = triangular_solve(L, Dc)
+                Z = Z / self.diagonal.sqrt().unsqueeze(1)
         else:
-            Zt = matmul(Dc.t(), L)                           # (L^T diff)^T without a transpose
-            Z = Zt.t()
+            Z = spmm_values(P, vals, Dc, trans=True)        # L^T diff
             if self._ldl:
                 Z = (Z + Dc) * self.diagonal.sqrt().unsqueeze(1)
         maha = (Z * Z).sum(0).reshape(shape[:-1])
-        return -0.5 * maha - self._half_logdet_cov() - 0.5 * self._n * math.log(2 * math.pi)
+        return -0.5 * maha - self._half_logdet_cov(P, vals) - 0.5 * self._n * math.log(2 * math.pi)
 
     def entropy(self) -> torch.Tensor:
         """Differential entropy, ``n/2 (1 + log 2 pi) + 1/2 log det Sigma``, differentiable through the factor."""
-        h = 0.5 * self._n * (1.0 + math.log(2 * math.pi)) + self._half_logdet_cov()
+        h = 0.5 * self._n * (1.0 + math.log(2 * math.pi)) + self._half_logdet_cov(
+            *values_of(self.factor))
         return h.expand(self.batch_shape)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from asd.errors import InputError
+from asd.linalg._device import warn_host_fallback
 
 _nk = None
 
@@ -90,10 +91,18 @@ def sddmm(P, U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
 def trsv(P, vals: torch.Tensor, Bm: torch.Tensor, lower: bool, trans: bool, unit: bool) -> torch.Tensor:
     """Solve ``op(T) X = B`` for the triangular matrix of pattern ``P``; ``B`` is ``(n, k)``.
 
-    On CPU a Numba substitution sweep; on other devices the sweep runs on the host (the
-    structure is inherently sequential; a level-scheduled device kernel is future work).
+    On CPU a Numba substitution sweep; on CUDA cuSPARSE through ``torch.triangular_solve`` with
+    a sparse CSR matrix (a zero or missing diagonal entry gives non-finite values there instead
+    of an error, which would need a read-back); on meta a shape-only result; on any other device
+    the sweep runs on the host, with :class:`~asd.errors.HostFallbackWarning`.
     """
     dev = Bm.device
+    if dev.type == "meta":
+        return torch.empty_like(Bm, memory_format=torch.contiguous_format)
+    if dev.type == "cuda":
+        return _trsv_cusparse(P, vals, Bm, lower, trans, unit)
+    if dev.type != "cpu":
+        warn_host_fallback("sparse triangular solve", dev, "no device kernel off CUDA")
     Bc = Bm.detach().to("cpu")
     X = _empty(tuple(Bc.shape), Bc.dtype) if Bc.dtype in _NP_DTYPES else torch.empty_like(Bc)
     X.copy_(Bc)
@@ -111,6 +120,15 @@ def trsv(P, vals: torch.Tensor, Bm: torch.Tensor, lower: bool, trans: bool, unit
         raise InputError(f"the triangular matrix is singular: zero or missing diagonal entry in row "
                          f"{bad % P.n}" + (f" of batch item {bad // P.n}" if P.batch else ""))
     return X.to(dev)
+
+
+def _trsv_cusparse(P, vals, Bm, lower, trans, unit):  # pragma: no cover - needs CUDA
+    """cuSPARSE SpSV/SpSM through torch: the flattened (block-diagonal) pattern as one CSR."""
+    T = torch.sparse_csr_tensor(P.crow, P.col, vals.detach(), (P.n_rows, P.n_cols),
+                                check_invariants=False)
+    X, _ = torch.triangular_solve(Bm.detach().contiguous(), T, upper=not lower, transpose=trans,
+                                  unitriangular=unit)
+    return X
 
 
 def _trsv_py(P, v, X, lower, trans, unit):  # pragma: no cover
@@ -139,8 +157,11 @@ def _trsv_py(P, v, X, lower, trans, unit):  # pragma: no cover
 
 
 def product_pattern(PA, PB):
-    """Symbolic product of two patterns: (crow, col, ka, kb, kc) as int64 CPU tensors."""
-    import numpy as np
+    """Symbolic product of two patterns: (crow, col, ka, kb, kc) as int64 CPU tensors (computed on
+    the host: the result's size depends on the index values)."""
+    if PA.device.type != "cpu":
+        warn_host_fallback("the symbolic phase of sparse @ sparse", PA.device,
+                           "index arrays only, once per pair of patterns")
     nk = _numba()
     out = nk.product_triples(PA.np("crow"), PA.np("col"), PB.np("crow"), PB.np("col"),
                              np.int64(PB.n_cols))

@@ -17,6 +17,7 @@ import torch
 
 from asd.errors import InputError
 from asd.linalg import _kernels as K
+from asd.linalg._device import is_meta
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
 _CACHE: "OrderedDict[tuple, Pattern]" = OrderedDict()
@@ -55,7 +56,8 @@ class Pattern:
         r = self._cache.get("row")
         if r is None:
             counts = self.crow[1:] - self.crow[:-1]
-            r = torch.repeat_interleave(torch.arange(self.n_rows, device=self.device), counts)
+            r = torch.repeat_interleave(torch.arange(self.n_rows, device=self.device), counts,
+                                        output_size=self.nnz)
             self._cache["row"] = r
         return r
 
@@ -80,8 +82,14 @@ class Pattern:
         return d
 
     @property
+    def on_meta(self) -> bool:
+        """The structure lives on ``meta``: its index values are unknown."""
+        return self.device.type == "meta"
+
+    @property
     def triangle(self) -> tuple[bool, bool]:
-        """(has entries strictly below, has entries strictly above) the diagonal."""
+        """(has entries strictly below, has entries strictly above) the diagonal (read back to
+        the host once per pattern; unknown on meta, where it must not be asked)."""
         t = self._cache.get("triangle")
         if t is None:
             t = (bool((self.col < self.row).any()), bool((self.col > self.row).any()))
@@ -105,9 +113,7 @@ class Pattern:
             key = self.col * self.n_rows + self.row
             perm = torch.argsort(key)
             colT = self.row[perm]
-            counts = torch.bincount(self.col, minlength=self.n_cols)
-            crowT = torch.zeros(self.n_cols + 1, dtype=torch.int64, device=self.device)
-            crowT[1:] = torch.cumsum(counts, 0)
+            crowT = crow_of_rows(self.col[perm], self.n_cols)
             shapeT = self.shape[:-2] + (self.m, self.n)
             PT = Pattern(torch.sparse_csr, shapeT, crowT, colT, orig=None, batch=self.batch)
             t = (PT, perm)
@@ -135,6 +141,12 @@ class Pattern:
         (idx,) = self.orig
         return torch.sparse_coo_tensor(idx, values, self.shape, is_coalesced=True,
                                        check_invariants=False)
+
+
+def crow_of_rows(rows: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """CSR row pointers of sorted row indices (no value-dependent shapes: runs on any device)."""
+    bounds = torch.arange(n_rows + 1, dtype=rows.dtype, device=rows.device)
+    return torch.searchsorted(rows, bounds).to(torch.int64)
 
 
 def _unflatten_csr(P: Pattern):
@@ -188,7 +200,15 @@ def get_pattern(A: torch.Tensor, name: str = "A") -> Pattern:
     Cache entries are found by the identity of A's index tensors and re-validated on every hit by
     comparing their contents with the pattern's private copy: index buffers rewritten behind
     torch's back (through ``.numpy()``, which does not bump ``_version``) build a fresh pattern.
+    Off the CPU the pattern holds the user's index buffers (so their addresses cannot be reused)
+    and a hit is found by address and ``_version`` alone, with no read-back; buffers rewritten
+    there behind torch's back (through DLPack) must be followed by :func:`clear_cache`.  Patterns
+    on ``meta`` are neither validated (there are no index values) nor cached (no addresses).
     """
+    if A.device.type == "meta":
+        if A.layout == torch.sparse_csr:
+            return _csr_pattern(A, A.crow_indices(), A.col_indices(), name)
+        return _coo_pattern(A, A._indices(), name)
     if A.layout == torch.sparse_csr:
         crow, col = A.crow_indices(), A.col_indices()
         key = ("csr", tuple(A.shape), crow.data_ptr(), col.data_ptr(), crow._version,
@@ -204,6 +224,8 @@ def get_pattern(A: torch.Tensor, name: str = "A") -> Pattern:
         if P is not None:
             return P
         P = _coo_pattern(A, idx, name)
+    if A.device.type != "cpu":
+        P._cache["user_indices"] = (crow, col) if A.layout == torch.sparse_csr else (idx,)
     _CACHE[key] = P
     total = sum(p.nnz for p in _CACHE.values())
     while len(_CACHE) > 1 and (len(_CACHE) > _CACHE_SIZE or total > _CACHE_NNZ):
@@ -224,8 +246,10 @@ def _csr_pattern(A: torch.Tensor, crow: torch.Tensor, col: torch.Tensor, name: s
     else:
         B = None
         fcrow, fcol = crow.to(torch.int64), col.to(torch.int64)
-    _check_csr_indices(crow, col, n, m, name)
     P = Pattern(A.layout, A.shape, fcrow, fcol, orig=(crow, col), batch=B)
+    if P.on_meta:
+        return P
+    _check_csr_indices(crow, col, n, m, name)
     _check_unique(P, name, "a repeated column index in one row",
                   f"sum the duplicates first, e.g. {name}.to_sparse_coo().coalesce().to_sparse_csr()")
     return P
@@ -247,7 +271,8 @@ def _check_csr_indices(crow: torch.Tensor, col: torch.Tensor, n: int, m: int, na
 
 def _coo_pattern(A: torch.Tensor, idx: torch.Tensor, name: str) -> Pattern:
     idx = idx.clone()
-    for d in range(idx.shape[0]):
+    meta = is_meta(idx)
+    for d in range(0 if meta else idx.shape[0]):
         if idx.shape[1] and (int(idx[d].min()) < 0 or int(idx[d].max()) >= A.shape[d]):
             raise InputError(f"{name} is not a valid COO tensor: indices of dimension {d} must lie "
                              f"in [0, {A.shape[d]})")
@@ -261,14 +286,12 @@ def _coo_pattern(A: torch.Tensor, idx: torch.Tensor, name: str) -> Pattern:
         row, col = idx[0], idx[1]
         nrows = A.shape[0]
     lin = row * A.shape[-1] + col % A.shape[-1]
-    if lin.numel() > 1 and not bool((lin[1:] > lin[:-1]).all()):
+    if not meta and lin.numel() > 1 and not bool((lin[1:] > lin[:-1]).all()):
         raise InputError(
             f"{name} is flagged coalesced but its indices are not sorted and unique; build it "
             f"without is_coalesced=True (asd.linalg then coalesces it, summing duplicates) or "
             f"call .coalesce() on a tensor that is not flagged")
-    counts = torch.bincount(row, minlength=nrows)
-    crow = torch.zeros(nrows + 1, dtype=torch.int64, device=idx.device)
-    crow[1:] = torch.cumsum(counts, 0)
+    crow = crow_of_rows(row, nrows)
     P = Pattern(A.layout, A.shape, crow, col.contiguous(), orig=(idx,), batch=B)
     P._cache["row"] = row.contiguous()
     return P
@@ -301,7 +324,7 @@ def _cached_pattern(key, current: tuple):
     P = _CACHE.get(key)
     if P is None:
         return None
-    if not all(K.equal(a, b) for a, b in zip(current, P.orig)):
+    if P.device.type == "cpu" and not all(K.equal(a, b) for a, b in zip(current, P.orig)):
         del _CACHE[key]
         return None
     _CACHE.move_to_end(key)
@@ -340,6 +363,9 @@ class _FromValues(torch.autograd.Function):
 
 def values_at(G: torch.Tensor, P: Pattern) -> torch.Tensor:
     """Entries of ``G`` (dense or sparse, shaped like the pattern's matrix) at P's positions."""
+    if P.on_meta and G.layout != torch.strided:         # no positions to match: shape only
+        return G.values().new_empty(P.nnz) if G.layout == torch.sparse_csr else \
+            G._values().new_empty(P.nnz)
     if G.layout == torch.strided:
         return G.reshape(-1).index_select(0, P.linear_index)
     if G.layout == P.layout:
@@ -371,11 +397,20 @@ def values_at(G: torch.Tensor, P: Pattern) -> torch.Tensor:
     return torch.where(hit, out, torch.zeros_like(out))
 
 
+def _coalesced(A: torch.Tensor, name: str) -> torch.Tensor:
+    """A itself, or its coalesced copy for an uncoalesced COO tensor."""
+    if A.layout != torch.sparse_coo or A.is_coalesced():
+        return A
+    if is_meta(A):
+        raise InputError(f"{name} is an uncoalesced COO tensor on meta, whose duplicates cannot be "
+                         f"found without index values; build it with is_coalesced=True")
+    return A.coalesce()
+
+
 def values_of(A: torch.Tensor, name: str = "A") -> tuple[Pattern, torch.Tensor]:
     """Validate ``A`` and return its pattern and differentiable flat values."""
     check_sparse(A, name)
-    if A.layout == torch.sparse_coo and not A.is_coalesced():
-        A = A.coalesce()
+    A = _coalesced(A, name)
     P = get_pattern(A, name)
     if A.requires_grad:
         return P, _Values.apply(A, P)
@@ -396,8 +431,7 @@ def with_values(A: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         Stored values, shape ``(nnz,)`` or ``(B, nnz)`` for batched CSR.
     """
     check_sparse(A)
-    if A.layout == torch.sparse_coo and not A.is_coalesced():
-        A = A.coalesce()
+    A = _coalesced(A, "A")
     P = get_pattern(A)
     if values.numel() != P.nnz:
         raise InputError(f"values has {values.numel()} elements, the pattern stores {P.nnz}")

@@ -29,6 +29,7 @@ import torch
 
 from asd.errors import ConvergenceWarning, InputError
 from asd.linalg import _kernels as K
+from asd.linalg._device import all_finite, is_meta
 from asd.linalg._sparse import (Pattern, check_dense, check_dtypes, from_columns, to_columns,
                                 values_of)
 from asd.linalg.products import _SDDMM, _SpMM
@@ -61,6 +62,9 @@ class SolveInfo:
         solvers, which have none).
     per_column : tuple
         ``(converged, iterations, residual)`` for each right-hand side.
+
+    On ``meta`` nothing is known about convergence: ``converged`` is False, ``residual`` and
+    ``tolerance`` are NaN, and no :class:`~asd.errors.ConvergenceWarning` is emitted.
     """
 
     solver: str
@@ -145,7 +149,7 @@ class Solver(ABC):
         if P.n != P.m and not self.least_squares:
             raise InputError(f"A must be square for {self.name}(), got shape {P.shape}; for a "
                              f"least-squares solution use asd.linalg.LSMR()")
-        if not bool(torch.isfinite(vals.detach()).all()):
+        if not all_finite(vals.detach()):
             raise InputError("A has NaN or inf among its stored values; a solve needs finite A")
         return self._prepare(P, vals)
 
@@ -191,7 +195,9 @@ class Solver(ABC):
 
 
 def residual_norms(state: SolverState, Bm: torch.Tensor, X: torch.Tensor) -> list[float]:
-    """``||b_j - op(A) x_j||`` per column."""
+    """``||b_j - op(A) x_j||`` per column (NaN on meta)."""
+    if is_meta(X):
+        return [math.nan] * X.shape[1]
     R = Bm - K.spmm(state.pattern, state.values.detach(), X, state.transposed)
     return torch.linalg.vector_norm(R, dim=0).tolist()
 
@@ -204,7 +210,7 @@ def apply_solve(state: SolverState, vals: torch.Tensor, b: torch.Tensor,
     check_dense(b, "b", P, n_b, what="rhs")
     check_dtypes(vals, b)
     Bm, layout = to_columns(b, P, n_b, "b")
-    if not bool(torch.isfinite(b.detach()).all()):
+    if not all_finite(b.detach()):
         raise InputError("b contains NaN or inf; the right-hand side of a solve must be finite")
     X0 = None
     if x0 is not None:
@@ -222,8 +228,8 @@ def apply_solve(state: SolverState, vals: torch.Tensor, b: torch.Tensor,
     return from_columns(X, layout, P, n_x), out[0]
 
 
-def _report(info: SolveInfo, warn: bool, adjoint: bool) -> None:
-    if warn and not info.converged:
+def _report(info: SolveInfo, warn: bool, adjoint: bool, meta: bool) -> None:
+    if warn and not info.converged and not meta:
         what = "adjoint (backward) solve" if adjoint else "solve"
         warnings.warn(ConvergenceWarning(
             f"{info.solver} {what} did not converge: {info.iterations} iterations, residual norm "
@@ -237,7 +243,7 @@ class _ImplicitSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx, vals, Bm, state, X0, warn, out):
         X, info = state.solver._run(state, Bm.detach(), X0)
-        _report(info, warn, adjoint=out is None)
+        _report(info, warn, adjoint=out is None, meta=is_meta(X))
         if out is not None:
             out.append(info)
         ctx.state, ctx.warn = state, warn
@@ -255,7 +261,7 @@ class _ImplicitSolve(torch.autograd.Function):
             if graph:
                 return _ImplicitSolve.apply(vals, rhs, s, None, ctx.warn, None)
             Y, info = s.solver._run(s, rhs.detach(), None)
-            _report(info, ctx.warn, adjoint=True)
+            _report(info, ctx.warn, adjoint=True, meta=is_meta(Y))
             return Y
 
         def op(Y: torch.Tensor, transposed: bool) -> torch.Tensor:

@@ -5,10 +5,15 @@ scipy has no sparse Cholesky (and scikit-sparse's CHOLMOD is not a dependency), 
 and diagonal pivots only, which for a symmetric matrix is its LDL^T factorization (``U = D L^T``).
 A symmetric matrix is positive definite exactly when every pivot ``D_kk`` is positive, so the
 factorization doubles as the SPD check.
+
+Factorizations run on the host: off the CPU, A and each right-hand side are copied there and the
+solution back (a :class:`~asd.errors.HostFallbackWarning`, once).  On ``meta`` nothing is
+factorized and solves return shape-only results.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Optional
 
@@ -16,6 +21,7 @@ import numpy as np
 import torch
 
 from asd.errors import InputError
+from asd.linalg._device import all_finite, warn_host_fallback
 from asd.linalg._sparse import Pattern
 from asd.linalg.base import SingularMatrixError, SolveInfo, Solver, SolverState, residual_norms
 
@@ -24,29 +30,50 @@ __all__ = ["LU", "Cholesky", "DirectState"]
 
 @dataclass(frozen=True, eq=False)
 class DirectState(SolverState):
-    """A factorization (``factor``: scipy ``SuperLU``) of A, shared by the state of A^T."""
+    """A factorization (``factor``: scipy ``SuperLU``; ``None`` on meta) of A, shared by the state
+    of A^T."""
 
     factor: object = None
 
 
 class _Direct(Solver):
-    def _run(self, state: SolverState, Bm: torch.Tensor,
-             X0: Optional[torch.Tensor]) -> tuple[torch.Tensor, SolveInfo]:
+    def _prepare(self, P: Pattern, vals: torch.Tensor) -> DirectState:
+        if vals.dtype not in (torch.float32, torch.float64):
+            raise InputError(f"direct solves need float32 or float64 values, got {vals.dtype}")
+        if P.on_meta:
+            return DirectState(self, P, vals, False, None)
+        return DirectState(self, P, vals, False, self._factor(P, vals))
+
+    def _factor(self, P: Pattern, vals: torch.Tensor):
+        """The factorization of A (on the host, whatever A's device)."""
+        if P.device.type != "cpu":
+            warn_host_fallback("a direct sparse solve (SuperLU)", P.device,
+                               "the matrix once per factorization, each right-hand side per solve")
+        return self._factorize(P.scipy(vals).tocsc())
+
+    @abstractmethod
+    def _factorize(self, A):
+        """scipy ``SuperLU`` of the host CSC matrix ``A``."""
+
+    def _solve(self, state: DirectState, Bm: torch.Tensor) -> torch.Tensor:
+        """``op(A)^{-1} Bm`` with the host factorization (``Bm`` copied there and back)."""
         B = np.ascontiguousarray(Bm.cpu().numpy())
         X = state.factor.solve(B, trans="T" if state.transposed else "N")
-        if not np.all(np.isfinite(X)):
+        return torch.from_numpy(np.ascontiguousarray(X)).to(device=Bm.device, dtype=Bm.dtype)
+
+    def _run(self, state: SolverState, Bm: torch.Tensor,
+             X0: Optional[torch.Tensor]) -> tuple[torch.Tensor, SolveInfo]:
+        if state.factor is None:                                  # meta: shapes only
+            X = Bm.new_empty((state.shape[1], Bm.shape[1]))
+            per = tuple((False, 0, float("nan")) for _ in range(Bm.shape[1]))
+            return X, SolveInfo(self.name, False, 0, float("nan"), float("nan"), per)
+        X = self._solve(state, Bm)
+        if not all_finite(X):
             raise SingularMatrixError("A is numerically singular: the direct solve produced "
                                       "non-finite values")
-        X = torch.from_numpy(np.ascontiguousarray(X)).to(device=Bm.device, dtype=Bm.dtype)
         res = residual_norms(state, Bm, X)
         per = tuple((True, 0, r) for r in res)
         return X, SolveInfo(self.name, True, 0, max(res), float("nan"), per)
-
-
-def _host_csc(P: Pattern, vals: torch.Tensor):
-    if vals.dtype not in (torch.float32, torch.float64):
-        raise InputError(f"direct solves need float32 or float64 values, got {vals.dtype}")
-    return P.scipy(vals).tocsc()
 
 
 @dataclass(frozen=True)
@@ -57,16 +84,19 @@ class LU(_Direct):
     (used by the backward pass) reuses the same factors.
     """
 
-    def _prepare(self, P: Pattern, vals: torch.Tensor) -> DirectState:
+    def _factorize(self, A):
         import scipy.sparse.linalg as spla
 
         try:
-            lu = spla.splu(_host_csc(P, vals))
+            return spla.splu(A)
         except RuntimeError as e:
-            raise SingularMatrixError(
-                f"A is singular ({e}); LU needs a nonsingular matrix, or use asd.linalg.LSMR() "
-                f"for a least-squares solution") from None
-        return DirectState(self, P, vals, False, lu)
+            raise singular_lu(e) from None
+
+
+def singular_lu(e: Exception) -> SingularMatrixError:
+    """The error of an LU factorization that met a singular matrix."""
+    return SingularMatrixError(f"A is singular ({e}); LU needs a nonsingular matrix, or use "
+                               f"asd.linalg.LSMR() for a least-squares solution")
 
 
 @dataclass(frozen=True)
@@ -78,10 +108,9 @@ class Cholesky(_Direct):
     symmetric.
     """
 
-    def _prepare(self, P: Pattern, vals: torch.Tensor) -> DirectState:
+    def _factorize(self, A):
         import scipy.sparse.linalg as spla
 
-        A = _host_csc(P, vals)
         scale = float(abs(A).max()) if A.nnz else 0.0
         asym = float(abs(A - A.T).max()) if A.nnz else 0.0
         if asym > 100 * np.finfo(A.dtype).eps * scale:
@@ -104,4 +133,4 @@ class Cholesky(_Direct):
                 f"A is not positive definite: pivot {k} of its LDL^T factorization is "
                 f"{d[k]:.3e} <= 0 (at row {int(np.flatnonzero(lu.perm_c == k)[0])}); use asd.linalg.LU() or MINRES() "
                 f"for symmetric indefinite matrices")
-        return DirectState(self, P, vals, False, lu)
+        return lu

@@ -2,7 +2,9 @@
 
 They run the iterations of :mod:`asd.linalg.krylov` in torch on A's device, with the recurrence
 scalars kept there and one convergence test (one host transfer) every ``check_every`` iterations;
-iteration counts are therefore multiples of ``check_every`` (or ``maxiter``).  The stopping rule
+iteration counts are therefore multiples of ``check_every`` (or ``maxiter``).  On ``meta``, where
+no test can be read, a solve runs one block (``min(check_every, maxiter)`` iterations): the
+shapes it propagates are those of any longer run.  The stopping rule
 is scipy's, per right-hand side: ``||b - op(A) x|| <= max(rtol ||b||, atol)``.
 """
 
@@ -82,11 +84,14 @@ class _Krylov(Solver):
         AT = lambda x: K.spmm(P, v, x.reshape(-1, 1), not t).reshape(-1)   # noqa: E731
         M = (lambda r: state.precond(r, t)) if state.precond is not None else None
         maxiter = self.maxiter if self.maxiter is not None else 10 * max(state.shape)
+        if Bm.device.type == "meta":
+            maxiter = min(maxiter, self.check_every)
         cols, stats = [], []
         with torch.no_grad():
             for c in range(Bm.shape[1]):
                 b = Bm[:, c]
-                tol = max(self.rtol * float(torch.linalg.vector_norm(b)), self.atol)
+                (bn,) = krylov.read_back(torch.linalg.vector_norm(b))
+                tol = max(self.rtol * bn, self.atol)
                 x = X0[:, c].clone() if X0 is not None else b.new_zeros(state.shape[1])
                 x, it, rn, ok = self._iterate(A, AT, b, x, tol, maxiter, M)
                 cols.append(x)

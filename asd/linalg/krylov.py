@@ -10,10 +10,14 @@ to the host except one convergence test every ``check_every`` iterations, so ite
 multiples of ``check_every`` (or ``maxiter``).  Divisions by a vanished quantity (a breakdown, or
 an exact solution reached inside a block) give zero instead of NaN, so the iterate stalls and the
 next test sees it.  The stopping rule is scipy's: ``||b - A x|| <= max(rtol * ||b||, atol)``.
+
+On ``meta`` there is nothing to read back: every read-back gives NaN (and False for flags), so no
+test passes and a loop runs to ``maxiter`` (which the solver objects cap at one block there).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -33,8 +37,11 @@ def _div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(nz, a / torch.where(nz, b, torch.ones_like(b)), torch.zeros_like(a))
 
 
-def _host(*scalars: torch.Tensor) -> list[float]:
-    """One device-to-host transfer for the convergence test of a block of iterations."""
+def read_back(*scalars: torch.Tensor) -> list:
+    """One device-to-host transfer for the convergence test of a block of iterations (on meta,
+    NaN for each number and False for each flag)."""
+    if scalars[0].device.type == "meta":
+        return [False if s.dtype == torch.bool else math.nan for s in scalars]
     return torch.stack([s.to(torch.float64) for s in scalars]).tolist()
 
 
@@ -44,7 +51,7 @@ def _block(it: int, maxiter: int, check_every: int) -> range:
 
 def cg(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int):
     r = b - A(x)
-    rn = float(_norm(r))
+    (rn,) = read_back(_norm(r))
     if rn <= tol:
         return x, 0, rn
     z = M(r) if M else r
@@ -65,7 +72,7 @@ def cg(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int)
             p = z + _div(rz_new, rz) * p
             rz = rz_new
             it += 1
-        rn, stop = _host(_norm(r), broke)
+        rn, stop = read_back(_norm(r), broke)
         if rn <= tol or stop:
             break
     return x, it, rn
@@ -73,7 +80,7 @@ def cg(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int)
 
 def bicgstab(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int):
     r = b - A(x)
-    rn = float(_norm(r))
+    (rn,) = read_back(_norm(r))
     if rn <= tol:
         return x, 0, rn
     it = 0
@@ -102,7 +109,7 @@ def bicgstab(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every
                 broke = broke | (rho_new == 0) | (rv == 0) | (omega == 0)
                 rho = rho_new
                 it += 1
-            rn, stop = _host(_norm(r), broke)
+            rn, stop = read_back(_norm(r), broke)
             if rn <= tol:
                 return x, it, rn
             if stop:
@@ -115,11 +122,11 @@ def bicgstab(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every
 def minres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int):
     """MINRES of Paige and Saunders for symmetric (possibly indefinite) ``A``, SPD ``M``."""
     r1 = b - A(x)
-    rn = float(_norm(r1))
+    (rn,) = read_back(_norm(r1))
     if rn <= tol:
         return x, 0, rn
     y = M(r1) if M else r1
-    beta1 = float(torch.dot(r1, y))
+    (beta1,) = read_back(torch.dot(r1, y))
     if beta1 <= 0:
         return x, 0, rn                             # indefinite preconditioner: give up, report
     zero = torch.zeros((), dtype=b.dtype, device=b.device)
@@ -161,14 +168,14 @@ def minres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: 
             w = (v - oldeps * w1 - delta * w2) / gamma
             x = x + phi * w
             it += 1
-        pb, stop_bad, stop_done = _host(phibar, bad, done)
+        pb, stop_bad, stop_done = read_back(phibar, bad, done)
         if stop_bad:
             break
         if pb <= tol or stop_done:
-            rn = float(_norm(b - A(x)))                # phibar is the M^-1-norm: confirm
+            (rn,) = read_back(_norm(b - A(x)))             # phibar is the M^-1-norm: confirm
             if rn <= tol or stop_done:
                 return x, it, rn
-    return x, it, float(_norm(b - A(x)))
+    return x, it, read_back(_norm(b - A(x)))[0]
 
 
 def gmres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int,
@@ -179,7 +186,7 @@ def gmres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: i
     opts = dict(dtype=b.dtype, device=b.device)
     while True:
         r = b - A(x)
-        rn = float(_norm(r))
+        (rn,) = read_back(_norm(r))
         if rn <= tol or total >= maxiter:
             return x, total, rn
         V = [r / rn]
@@ -215,12 +222,12 @@ def gmres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: i
             if total >= maxiter or j == restart - 1:
                 break
             if (j + 1) % check_every == 0:
-                res, happy = _host(g[j + 1].abs(), (torch.stack(hns) == 0).any())
+                res, happy = read_back(g[j + 1].abs(), (torch.stack(hns) == 0).any())
                 if res <= tol or happy:
                     break
         # a happy breakdown (hn == 0) inside the block ends the Krylov space there
-        zero = (torch.stack(hns) == 0).nonzero()
-        k = int(zero[0, 0]) + 1 if zero.numel() else len(hns)
+        zero = None if b.device.type == "meta" else (torch.stack(hns) == 0).nonzero()
+        k = int(zero[0, 0]) + 1 if zero is not None and zero.numel() else len(hns)
         yk = torch.linalg.solve_triangular(H[:k, :k], g[:k].unsqueeze(1), upper=True).squeeze(1)
         upd = torch.stack(V[:k], 1) @ yk
         x = x + (M(upd) if M else upd)
@@ -235,13 +242,13 @@ def lsmr(A: Op, AT: Op, b, x, tol: float, maxiter: int, rtol: float, check_every
     """
     u = b - A(x)
     beta = _norm(u)
-    rn = float(beta)
+    (rn,) = read_back(beta)
     if rn <= tol:
         return x, 0, rn, True
     u = u / beta
     v = AT(u)
     alpha = _norm(v)
-    if float(alpha) == 0:                           # A^T b = 0: x = 0 is a least-squares solution
+    if read_back(alpha)[0] == 0:                    # A^T b = 0: x = 0 is a least-squares solution
         return x, 0, rn, True
     v = v / alpha
     one = torch.ones((), dtype=b.dtype, device=b.device)
@@ -280,7 +287,7 @@ def lsmr(A: Op, AT: Op, b, x, tol: float, maxiter: int, rtol: float, check_every
             x = x + _div(zeta, rho * rhobar) * hbar
             h = v - _div(thetanew, rho) * h
             it += 1
-        rn, zb, nA2, halt = _host(_norm(b - A(x)), zetabar.abs(), normA2, stop)
+        rn, zb, nA2, halt = read_back(_norm(b - A(x)), zetabar.abs(), normA2, stop)
         ok = rn <= tol or zb <= rtol * nA2 ** 0.5 * rn or bool(halt)
         if ok:
             break

@@ -97,6 +97,9 @@ def _spspmm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     if va.device != vb.device:
         raise InputError(f"A is on {va.device} but B is on {vb.device}")
     check_dtypes(va, vb)
+    if PA.on_meta:
+        raise InputError("sparse @ sparse on meta: the product pattern's size depends on the index "
+                         "values, which meta tensors do not have; run it on a real device")
     PC, ka, kb, kc = _product_plan(PA, PB)
     vc = torch.zeros(PC.nnz, dtype=va.dtype, device=va.device).index_add(0, kc, va.index_select(0, ka) * vb.index_select(0, kb))
     return from_pattern(PC, vc)
@@ -124,6 +127,14 @@ def matmul(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
         The product.  Gradients with respect to a sparse operand are sparse tensors in that
         operand's layout with exactly its stored entries, ``(G B^T) ⊙ mask(A)``; gradients with
         respect to dense operands are dense.
+
+    Raises
+    ------
+    InputError
+        Shape, dtype or device mismatch; sparse @ sparse on ``meta`` (the size of the product
+        pattern depends on index values).  Off the CPU the symbolic phase of sparse @ sparse
+        runs on the host, once per pair of patterns, with a
+        :class:`~asd.errors.HostFallbackWarning`; everything else stays on the device.
     """
     a_sp = isinstance(A, torch.Tensor) and A.layout != torch.strided
     b_sp = isinstance(B, torch.Tensor) and B.layout != torch.strided

@@ -9,7 +9,8 @@ import torch
 
 from asd.errors import InputError
 from asd.linalg import _kernels as K
-from asd.linalg._sparse import Pattern, check_dtypes, from_pattern, pattern_from_csr, values_of
+from asd.linalg._sparse import (Pattern, check_dtypes, crow_of_rows, from_pattern,
+                                pattern_from_csr, values_of)
 
 __all__ = ["add"]
 
@@ -28,9 +29,7 @@ def _union_plan(PA: Pattern, PB: Pattern):
     ib = torch.searchsorted(keys, kb)
     row = keys // PA.n_cols
     col = keys % PA.n_cols
-    counts = torch.bincount(row, minlength=PA.n_rows)
-    crow = torch.zeros(PA.n_rows + 1, dtype=torch.int64, device=PA.device)
-    crow[1:] = torch.cumsum(counts, 0)
+    crow = crow_of_rows(row, PA.n_rows)
     PC = pattern_from_csr(PA.layout, PA.shape, crow, col.contiguous(), PA.batch)
     PC._cache["row"] = row
     plan = (PC, ia, ib)
@@ -54,6 +53,13 @@ def add(A: torch.Tensor, B: torch.Tensor, alpha: Scalar = 1, beta: Scalar = 1) -
         Sparse tensor in ``A``'s layout whose pattern is the union of both patterns (an entry
         stored in either is stored, even if its value cancels).  The gradient with respect to
         ``A`` is ``alpha * G ⊙ mask(A)`` in ``A``'s layout, likewise for ``B``.
+
+    Raises
+    ------
+    InputError
+        Shape, dtype or device mismatch; operands on ``meta`` (the size of the union pattern
+        depends on index values).  On CUDA the union is computed on the device, reading back
+        only its size, once per pair of patterns.
     """
     PA, va = values_of(A, "A")
     PB, vb = values_of(B, "B")
@@ -62,6 +68,9 @@ def add(A: torch.Tensor, B: torch.Tensor, alpha: Scalar = 1, beta: Scalar = 1) -
     if va.device != vb.device:
         raise InputError(f"A is on {va.device} but B is on {vb.device}; move both to one device")
     check_dtypes(va, vb)
+    if PA.on_meta:
+        raise InputError("add of sparse tensors on meta: the union pattern's size depends on the "
+                         "index values, which meta tensors do not have; run it on a real device")
     PC, ia, ib = _union_plan(PA, PB)
     if torch.is_tensor(alpha) or torch.is_tensor(beta):     # differentiable scalars: plain torch
         vc = torch.zeros(PC.nnz, dtype=va.dtype, device=va.device)

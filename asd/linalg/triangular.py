@@ -50,6 +50,8 @@ def trisolve_values(P: Pattern, vals: torch.Tensor, Bm: torch.Tensor, *, lower: 
 def check_triangular(P: Pattern, upper: bool, name: str = "L") -> None:
     if P.n != P.m:
         raise InputError(f"{name} must be square for a triangular solve, got shape {P.shape}")
+    if P.on_meta:                                     # no index values to check
+        return
     below, above = P.triangle
     if upper and below:
         raise InputError(f"{name} has stored entries below the diagonal but upper=True; pass the "
@@ -88,7 +90,8 @@ def triangular_solve(L: torch.Tensor, b: torch.Tensor, upper: bool = False,
     ------
     InputError
         Non-square or non-triangular ``L``, a zero or missing diagonal entry (singular), shape,
-        dtype or device mismatch.
+        dtype or device mismatch.  On CUDA (cuSPARSE) a zero or missing diagonal entry is
+        not detected (that would need a read-back): the result is non-finite instead.
     """
     P, vals = values_of(L, "L")
     check_triangular(P, upper)

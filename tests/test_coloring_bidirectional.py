@@ -191,4 +191,4 @@ if given is not None:
             inner = inner.tocsr()
             rest = C.color(inner, "column", order, seed=1).ncolors if inner.nnz else 0
             assert r.ncolors <= kr + kc + rest + 2
-            assert r.ncolors < onesided // 2
+            assert r.ncolors < onesided

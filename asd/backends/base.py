@@ -126,7 +126,9 @@ class BatchedProducts:
 
     def run(self, x: torch.Tensor, seeds: torch.Tensor):
         """``fn(x, seeds)`` for one chunk, compiled when possible."""
-        if self.tracing is not None and self.sparse_constants is False:
+        # before the first call has shown whether f uses sparse constants (None), a compiled
+        # operator records its graph at once: a function make_fx cannot record disables tracing
+        if self.tracing is not None and self.sparse_constants is not True:
             out = self.tracing.run(self._eager, x, seeds)
             if out is not None:
                 return out

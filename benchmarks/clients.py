@@ -29,6 +29,7 @@ import harness  # noqa: E402
 from harness import Session, Targets  # noqa: E402
 
 import asd  # noqa: E402
+import asd.solvers  # noqa: E402,F401
 from asd.problems import cartpole, rosenbrock  # noqa: E402
 from asd.timing import FULL, Policy, fmt_seconds, once, table  # noqa: E402
 
@@ -117,26 +118,32 @@ def main(argv=None) -> dict:
 
     K = 40 if a.quick else 2000
     case = f"B5 cart-pole K={K}"
-    objective, status = ipopt_asd(K, False)()
-    t_asd = s.measure(case, "asd + cyipopt (eager)", ipopt_asd(K, False), policy=slow)
-    peers = {"asd eager": t_asd}
-    row = dict(case=case, asd_objective=objective, asd_status=status, asd_total=t_asd.median)
-    if not a.no_peers:
-        try:
-            cas_obj, cas_status = ipopt_casadi(K)()
-            t_cas = s.measure(case, "casadi SX + ipopt", ipopt_casadi(K), policy=slow)
-            row.update(casadi_objective=cas_obj, casadi_status=cas_status, casadi_total=t_cas.median,
-                       ratio=t_asd.median / t_cas.median)
-            peers["casadi SX"] = t_cas
-            if not a.quick:
-                targets.add("B5 total <= 0.6x CasADi SX, same optimum",
-                            t_asd.median <= 0.6 * t_cas.median and abs(objective - OPTIMUM) < 1e-6,
-                            f"{fmt_seconds(t_asd)} vs {fmt_seconds(t_cas)} (x{t_asd.median / t_cas.median:.2f}), "
-                            f"objective {objective:.8f}")
-        except ImportError as exc:
-            row.update(casadi_error=str(exc))
-    row["timings"] = harness.timings_json(peers)
-    rows.append(row)
+    try:
+        import cyipopt  # noqa: F401
+    except ImportError:
+        rows.append(dict(case=case, skipped="cyipopt is not installed (`pip install asd[ipopt]`; make bench installs it)"))
+        print(f"{case}: skipped, cyipopt is not installed")
+    else:
+        objective, status = ipopt_asd(K, False)()
+        t_asd = s.measure(case, "asd + cyipopt (eager)", ipopt_asd(K, False), policy=slow)
+        peers = {"asd eager": t_asd}
+        row = dict(case=case, asd_objective=objective, asd_status=status, asd_total=t_asd.median)
+        if not a.no_peers:
+            try:
+                cas_obj, cas_status = ipopt_casadi(K)()
+                t_cas = s.measure(case, "casadi SX + ipopt", ipopt_casadi(K), policy=slow)
+                row.update(casadi_objective=cas_obj, casadi_status=cas_status, casadi_total=t_cas.median,
+                           ratio=t_asd.median / t_cas.median)
+                peers["casadi SX"] = t_cas
+                if not a.quick:
+                    targets.add("B5 total <= 0.6x CasADi SX, same optimum",
+                                t_asd.median <= 0.6 * t_cas.median and abs(objective - OPTIMUM) < 1e-6,
+                                f"{fmt_seconds(t_asd)} vs {fmt_seconds(t_cas)} (x{t_asd.median / t_cas.median:.2f}), "
+                                f"objective {objective:.8f}")
+            except ImportError as exc:
+                row.update(casadi_error=str(exc))
+        row["timings"] = harness.timings_json(peers)
+        rows.append(row)
 
     n = 200 if a.quick else 10_000
     plain, through = lbfgs(n)

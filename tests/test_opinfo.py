@@ -143,7 +143,17 @@ def dense_nonzeros(f, x) -> np.ndarray | None:
     except Exception:  # noqa: BLE001 - vmap unsupported for some ops
         J = torch.autograd.functional.jacobian(f, x)
     J = J.reshape(-1, x.numel()) if x.numel() else J.reshape(-1, 0)
-    return ((J != 0) & ~torch.isnan(J)).numpy()
+    return ((J.abs() > rounding_floor(J)) & ~torch.isnan(J)).numpy()
+
+
+def rounding_floor(J: torch.Tensor) -> float:
+    """Magnitude below which an entry of a dense reference Jacobian is rounding residue, not a
+    derivative: backward formulas that mix a whole matrix (Cholesky's symmetrized solve, QR's)
+    leave entries of a few ulps of the largest entry where the exact derivative is zero."""
+    finite = J[torch.isfinite(J)]
+    if finite.numel() == 0 or not J.dtype.is_floating_point:
+        return 0.0
+    return float(64 * torch.finfo(J.dtype).eps * finite.abs().max())
 
 
 def perturbed(x: torch.Tensor, gen: torch.Generator, k: int) -> torch.Tensor:

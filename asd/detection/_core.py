@@ -39,6 +39,10 @@ class TracerLike(Protocol):
 
     def unsupported(self, func) -> None: ...
 
+    def note_autograd(self) -> None: ...
+
+    def detached(self, t: "TracedTensor") -> bool: ...
+
 
 _ACTIVE = threading.local()
 
@@ -86,6 +90,11 @@ class Storage:
             self.epoch += 1
 
 
+# Reverse-mode calls inside the traced function: their backward ops are traced like any other, but
+# forward-mode evaluation (where ``x.requires_grad`` is False) cannot follow them.
+_AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
+
+
 class TracedTensor(torch.Tensor):
     """A tensor that carries the index sets of its elements through a traced function."""
 
@@ -96,10 +105,11 @@ class TracedTensor(torch.Tensor):
     _primal: torch.Tensor
 
     @staticmethod
-    def __new__(cls, storage: Storage, primal: torch.Tensor, idx: np.ndarray | None, device: torch.device):
+    def __new__(cls, storage: Storage, primal: torch.Tensor, idx: np.ndarray | None, device: torch.device,
+                requires_grad: bool = False):
         r = torch.Tensor._make_wrapper_subclass(
             cls, primal.shape, strides=primal.stride(), storage_offset=primal.storage_offset(),
-            dtype=primal.dtype, layout=primal.layout, device=device, requires_grad=False,
+            dtype=primal.dtype, layout=primal.layout, device=device, requires_grad=requires_grad,
         )
         r._storage = storage
         r._idx = idx
@@ -150,6 +160,15 @@ class TracedTensor(torch.Tensor):
         return self.numpy()
 
     @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in _AUTOGRAD_CALLS:
+            tracer = active_tracer()
+            if tracer is not None:
+                tracer.note_autograd()
+        with torch._C.DisableTorchFunctionSubclass():  # results are already traced (or plain constants)
+            return func(*args, **(kwargs or {}))
+
+    @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         tracer = active_tracer()
         if tracer is None:
@@ -189,7 +208,7 @@ class Call:
 
     def sets(self, t) -> sp.csr_matrix | None:
         """Index sets of argument ``t``, or ``None`` when it depends on no input."""
-        if isinstance(t, TracedTensor) and is_differentiable_dtype(t.dtype):
+        if isinstance(t, TracedTensor) and is_differentiable_dtype(t.dtype) and not self.tracer.detached(t):
             s = t.sets
             return s if s.nnz else None
         return None
@@ -197,6 +216,27 @@ class Call:
     def unsupported(self) -> None:
         """Report that this op is traced by the conservative rule (warns, or raises under ``strict``)."""
         self.tracer.unsupported(self.func)
+
+    def record_interaction(self, out_sets: list) -> None:
+        """Record that every pair of dependencies of each output element may interact (a nonzero
+        second derivative), for a rule whose op's second-order class depends on its arguments (the
+        table's class is then the one for real arguments: ``abs`` is linear on real tensors,
+        nonlinear on complex ones). Under a first-order tracer this does nothing."""
+        add_square = getattr(self.tracer, "add_square", None)
+        if add_square is None:
+            return
+        for o, s in zip(self.outs, out_sets):
+            if s is not None and is_differentiable_dtype(o.dtype):
+                add_square(s)
+
+    def record_cross(self, Ga: sp.csr_matrix | None, Gb: sp.csr_matrix | None) -> None:
+        """Record that input ``p`` may interact with input ``q`` wherever some row of ``Ga`` holds
+        ``p`` and the same row of ``Gb`` holds ``q`` (or the other way round), for a rule that
+        knows its op's second-order structure finer than the table's classes (``det``). Under a
+        first-order tracer this does nothing."""
+        add_cross = getattr(self.tracer, "add_cross", None)
+        if add_cross is not None:
+            add_cross(Ga, Gb)
 
 
 def bind(func, args, kwargs) -> dict[str, Any]:

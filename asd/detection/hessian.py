@@ -36,7 +36,7 @@ from ..errors import InputError
 from ..patterns import SparsityPattern
 from . import sets as S
 from ._core import Call, TracedTensor, is_differentiable_dtype
-from .jacobian import check_input, pattern_of_sets
+from .jacobian import check_input, pattern_of_sets, traced_sets
 from .rules.reductions import _dims, group_ids
 from .table import Rule
 from .torch_tracer import Tracer, trace
@@ -248,11 +248,14 @@ def _sum(pieces: list, n: int) -> sp.csr_matrix:
     return out
 
 
-def hessian_pattern(f: Callable, x: torch.Tensor, *, local: bool = False, strict: bool = False) -> SparsityPattern:
+def hessian_pattern(f: Callable, x: torch.Tensor, *, local: bool = False, strict: bool = False,
+                    return_info: bool = False):
     """The Hessian sparsity pattern of the scalar function ``f`` as a frozen, symmetric
     :class:`asd.patterns.SparsityPattern` with ``input_shape = output_shape = x.shape``.
 
     Arguments as for :func:`hessian_sparsity`, which returns the same structure as a scipy array.
+    With ``return_info=True`` the result is ``(pattern, info)``, ``info`` a
+    :class:`asd.detection.torch_tracer.TraceInfo`.
     """
     check_input(x)
     n = x.numel()
@@ -267,8 +270,8 @@ def hessian_pattern(f: Callable, x: torch.Tensor, *, local: bool = False, strict
         raise InputError(f"the function returned a tensor of shape {tuple(y.shape)}; hessian_sparsity "
                          "needs a scalar (one element) output: reduce it (e.g. .sum()), or use "
                          "jacobian_sparsity for a vector function")
-    if isinstance(y, TracedTensor):
-        grad = y.sets
+    grad = traced_sets(y, tracer)
+    if grad.nnz:
         H = tracer.pattern()
         if grad.nnz < n and H.nnz:
             idx = np.unique(grad.indices)
@@ -276,7 +279,8 @@ def hessian_pattern(f: Callable, x: torch.Tensor, *, local: bool = False, strict
             H = S._canonical(Dk @ H @ Dk)
     else:
         H = S.empty(n, n)
-    return pattern_of_sets(H, tuple(x.shape), tuple(x.shape))
+    P = pattern_of_sets(H, tuple(x.shape), tuple(x.shape))
+    return (P, tracer.info()) if return_info else P
 
 
 def hessian_sparsity(f: Callable, x: torch.Tensor, *, local: bool = False, strict: bool = False) -> sp.csr_array:

@@ -13,9 +13,10 @@ from ..errors import InputError
 from ..patterns import SparsityPattern
 from . import sets as S
 from ._core import TracedTensor
-from .torch_tracer import Tracer
+from .torch_tracer import TraceInfo, Tracer
 
-__all__ = ["check_input", "jacobian_pattern", "jacobian_sparsity", "output_sets", "pattern_of_sets"]
+__all__ = ["TraceInfo", "check_input", "jacobian_pattern", "jacobian_sparsity", "output_sets", "pattern_of_sets",
+           "traced_sets"]
 
 
 def check_input(x) -> None:
@@ -32,7 +33,18 @@ def check_input(x) -> None:
         raise InputError(f"x has layout {x.layout}; pass a dense tensor (x.to_dense())")
 
 
-def output_sets(y, n: int) -> sp.csr_matrix:
+def traced_sets(t: torch.Tensor, tracer: Tracer) -> sp.csr_matrix:
+    """Index sets of a traced result of ``f`` as reverse mode sees it (none if autograd does not
+    track it: computed under ``no_grad`` or detached)."""
+    if isinstance(t, TracedTensor):
+        if t.requires_grad:  # f ran with gradients recorded: a tracked result requires grad
+            return t.sets
+        if t.sets.nnz:
+            tracer.no_grad_cut = True
+    return S.empty(t.numel(), tracer.n)
+
+
+def output_sets(y, tracer: Tracer) -> sp.csr_matrix:
     """Index sets of the traced output ``y`` (a tensor or a pytree of tensors), one row per element.
 
     Pytree outputs are flattened with ``torch.utils._pytree.tree_flatten``; the rows of all tensor
@@ -53,7 +65,7 @@ def output_sets(y, n: int) -> sp.csr_matrix:
             raise InputError(f"the function returned a tensor of dtype {t.dtype}{where}; its Jacobian needs "
                              "a real floating-point output (integer and boolean outputs have zero "
                              "derivative: leave them out, or convert with .double())")
-        mats.append(t.sets if isinstance(t, TracedTensor) else S.empty(t.numel(), n))
+        mats.append(traced_sets(t, tracer))
     return S.vstack(mats) if len(mats) > 1 else mats[0]
 
 
@@ -85,18 +97,34 @@ def trace_inputs(f: Callable, xs: tuple, selected: tuple[int, ...], *, local: bo
     n = int(offsets[-1])
     tracer = tracer_cls(n, local=local, strict=strict, device=xs[selected[0]].device if selected else None)
     args = list(xs)
-    for k, i in enumerate(selected):
-        args[i] = tracer.input(xs[i], _column_block(xs[i].numel(), int(offsets[k]), n))
     with tracer:
+        for k, i in enumerate(selected):
+            args[i] = tracer.input(xs[i], _column_block(xs[i].numel(), int(offsets[k]), n))
         out = f(*args)
     return out, tracer, offsets
 
 
+def _is_index(i) -> bool:
+    return isinstance(i, int) and not isinstance(i, bool)
+
+
+def _check_argnums(argnums) -> None:
+    if argnums is None or _is_index(argnums):
+        return
+    if not isinstance(argnums, (tuple, list)) or not all(_is_index(i) for i in argnums):
+        raise TypeError(f"argnums must be None, an int or a tuple of ints (positions in the tuple x), got "
+                        f"{argnums!r}")
+    if not argnums:
+        raise InputError("argnums is an empty tuple; name at least one input to differentiate, or pass None")
+
+
 def _normalize(x, argnums):
     """(inputs tuple, selected indices, whether to return a tuple)."""
+    _check_argnums(argnums)
     if isinstance(x, torch.Tensor) or not isinstance(x, (tuple, list)):
-        if argnums not in (None, 0, (0,)):
-            raise InputError(f"argnums={argnums!r} needs x to be a tuple of tensors")
+        if argnums not in (None, 0, (0,), [0]):
+            raise InputError(f"argnums={argnums!r} needs x to be a tuple of tensors (a single tensor is "
+                             "input 0)")
         check_input(x)
         return (x,), (0,), False
     xs = tuple(x)
@@ -104,14 +132,18 @@ def _normalize(x, argnums):
         raise InputError("x is an empty tuple; pass at least one tensor")
     if argnums is None:
         selected, as_tuple = tuple(range(len(xs))), True
-    elif isinstance(argnums, int):
+    elif _is_index(argnums):
         selected, as_tuple = (argnums,), False
     else:
         selected, as_tuple = tuple(argnums), True
     for i in selected:
         if not -len(xs) <= i < len(xs):
-            raise InputError(f"argnums entry {i} is out of range for {len(xs)} inputs")
-    selected = tuple(i % len(xs) for i in selected)
+            raise InputError(f"argnums entry {i} is out of range for {len(xs)} inputs (valid: "
+                             f"{-len(xs)} to {len(xs) - 1})")
+    normalized = tuple(i % len(xs) for i in selected)
+    if len(set(normalized)) != len(normalized):
+        raise InputError(f"argnums={argnums!r} names an input twice; list each input once")
+    selected = normalized
     for i in selected:
         try:
             check_input(xs[i])
@@ -120,26 +152,31 @@ def _normalize(x, argnums):
     return xs, selected, as_tuple
 
 
-def jacobian_pattern(f: Callable, x, *, argnums=None, local: bool = False, strict: bool = False):
+def jacobian_pattern(f: Callable, x, *, argnums=None, local: bool = False, strict: bool = False,
+                     return_info: bool = False):
     """The Jacobian sparsity pattern of ``f`` as a frozen :class:`asd.patterns.SparsityPattern`.
 
     Arguments as for :func:`jacobian_sparsity`, which returns the same structure as scipy arrays.
     The pattern's ``input_shape`` is the shape of the input its columns number, its
     ``output_shape`` the shape of ``f``'s output (``(m,)`` for a pytree of outputs). For a tuple
     ``x`` the result is a tuple of patterns, one per selected input (a single pattern for an int
-    ``argnums``).
+    ``argnums``). With ``return_info=True`` the result is ``(pattern, info)``, ``info`` a
+    :class:`asd.detection.torch_tracer.TraceInfo` (ops seen, writes into the input, no-grad cuts,
+    autograd calls).
     """
     xs, selected, as_tuple = _normalize(x, argnums)
     y, tracer, offsets = trace_inputs(f, xs, selected, local=local, strict=strict)
-    sets = output_sets(y, tracer.n)
+    sets = output_sets(y, tracer)
     out_shape = tuple(y.shape) if isinstance(y, torch.Tensor) else None
     if len(selected) == 1 and not as_tuple:
-        return pattern_of_sets(sets, tuple(xs[selected[0]].shape), out_shape)
-    sets = sets.tocsc()
-    blocks = tuple(pattern_of_sets(S._canonical(sets[:, int(offsets[k]):int(offsets[k + 1])]),
-                                   tuple(xs[i].shape), out_shape)
-                   for k, i in enumerate(selected))
-    return blocks if as_tuple else blocks[0]
+        result = pattern_of_sets(sets, tuple(xs[selected[0]].shape), out_shape)
+    else:
+        sets = sets.tocsc()
+        blocks = tuple(pattern_of_sets(S._canonical(sets[:, int(offsets[k]):int(offsets[k + 1])]),
+                                       tuple(xs[i].shape), out_shape)
+                       for k, i in enumerate(selected))
+        result = blocks if as_tuple else blocks[0]
+    return (result, tracer.info()) if return_info else result
 
 
 def jacobian_sparsity(f: Callable, x, *, argnums=None, local: bool = False, strict: bool = False):

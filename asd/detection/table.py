@@ -34,14 +34,15 @@ Registration takes a lock; lookups read a plain dict and take none.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
 
 import torch
 
-__all__ = ["INTERACTIONS", "RULES", "Rule", "SECOND_ORDER", "aten_ops", "lookup", "overloads_except",
-           "register_rule"]
+__all__ = ["INTERACTIONS", "RULES", "Rule", "SECOND_ORDER", "aten_ops", "inplace_twin", "lookup", "overloads_except",
+           "register_inplace_twins", "register_rule"]
 
 OpLike = Union[torch._ops.OpOverload, torch._ops.OpOverloadPacket]
 
@@ -210,3 +211,47 @@ def overloads_except(packets: Iterable[torch._ops.OpOverloadPacket], *excluded: 
 def lookup(op: torch._ops.OpOverload) -> Rule | None:
     """The rule registered for ``op``, or ``None``."""
     return RULES.get(op)
+
+
+def inplace_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The in-place variant of an out-of-place overload (``aten.elu.default`` ->
+    ``aten.elu_.default``): the overload of the same name in packet ``<name>_`` taking the same
+    arguments, or ``None`` when there is none."""
+    name = op.overloadpacket.__name__
+    if name.endswith("_") or not hasattr(torch.ops.aten, name + "_"):
+        return None
+    packet = getattr(torch.ops.aten, name + "_")
+    if op._overloadname not in packet.overloads():
+        return None
+    twin = getattr(packet, op._overloadname)
+    if {a.name for a in twin._schema.arguments} != {a.name for a in op._schema.arguments}:
+        return None
+    return twin
+
+
+def register_inplace_twins() -> list[torch._ops.OpOverload]:
+    """Give the in-place variant of every registered overload that has none its out-of-place rule.
+
+    An in-place op writes into ``self`` the value its out-of-place variant returns, so the same rule
+    (and second-order class) describes it. Returns the overloads registered."""
+    added = []
+    with _LOCK:
+        for op, rule in list(RULES.items()):
+            twin = inplace_twin(op)
+            if twin is not None and twin not in RULES:
+                RULES[twin] = Rule(twin, _as_twin_of(op, rule.fn), rule.second_order, rule.family, rule.pairs,
+                                   rule.interaction)
+                added.append(twin)
+    return added
+
+
+def _as_twin_of(op: torch._ops.OpOverload, fn: Callable) -> Callable:
+    """``fn`` run on a call of ``op``'s in-place variant as if it were a call of ``op`` (rules may
+    dispatch on ``call.func``); arguments stay bound by the variant's own schema."""
+
+    def rule(call):
+        return fn(dataclasses.replace(call, func=op, _bound=call.bound()))
+
+    rule.__name__ = rule.__qualname__ = f"{getattr(fn, '__name__', 'rule')}_inplace"
+    rule.__doc__ = fn.__doc__
+    return rule

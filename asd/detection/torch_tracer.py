@@ -9,6 +9,7 @@ its rule from the table (:mod:`asd.detection.table`).
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -16,16 +17,18 @@ import scipy.sparse as sp
 import torch
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch._decomp import decomposition_table
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import TracingError, UnsupportedOpError, UnsupportedOpWarning
 from . import sets as S
 from ._core import Call, Storage, TracedTensor, bind, is_differentiable_dtype, pop_tracer, push_tracer
+from .ad_gaps import gaps_of
 from .rules.fallback import conservative
 from .rules.movement import view_ids
 from .table import aten_ops, lookup
 
-__all__ = ["Tracer", "trace"]
+__all__ = ["TraceInfo", "Tracer", "trace"]
 
 aten = torch.ops.aten
 
@@ -144,17 +147,67 @@ def _run_at_generic_point(func, flat, spec):
     return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, out)
 
 
+def _decomposition(func):
+    """PyTorch's own decomposition of a functional op that has no rule (``slice_backward`` and other
+    backward ops met when ``f`` calls autograd), or ``None``."""
+    if lookup(func) is not None or func._schema.is_mutable or any(r.alias_info is not None
+                                                                   for r in func._schema.returns):
+        return None
+    return decomposition_table.get(func)
+
+
 # Ops answered by the tracer itself, before any rule.
 _SCALAR_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 
 
 class _Mode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # otherwise TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo, whose first
+        # call imports torch._dynamo (seconds); nothing here is ever compiled
+        return False
+
     def __init__(self, tracer: "Tracer"):
         super().__init__()
         self.tracer = tracer
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return self.tracer.dispatch(func, args, kwargs or {})
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    """What a finished trace saw of the traced function, beyond its pattern.
+
+    Attributes
+    ----------
+    ops
+        The ATen overloads applied to traced tensors (forward and, where ``f`` calls autograd,
+        backward ops): with ``gaps``, what :func:`asd.detection.ad_gaps.unsafe_modes` reads.
+    writes_input
+        ``f`` wrote into the storage of a traced input (an in-place op on it or on a view of it):
+        evaluation must hand ``f`` a copy of the caller's tensor.
+    no_grad_cut
+        ``f`` computed from traced values under ``torch.no_grad()`` / ``set_grad_enabled(False)``
+        (or a backward pass without ``create_graph``): detection cut those dependencies as reverse
+        mode does; forward-mode products (dual numbers) do not, so they would differ.
+    calls_autograd
+        ``f`` calls ``torch.autograd.grad`` / ``backward`` on traced tensors (the force-field idiom
+        ``-autograd.grad(E, pos, create_graph=True)``): only reverse-mode evaluation, where the
+        input has ``requires_grad=True`` as during detection, sees what detection saw.
+    fallback_ops
+        Names of the ops traced by the conservative rule.
+    gaps
+        The :class:`asd.detection.ad_gaps.Gap` entries (PyTorch derivative formulas known to be
+        wrong in some AD mode) that ``f``'s calls fall into.
+    """
+
+    ops: frozenset
+    writes_input: bool
+    no_grad_cut: bool
+    calls_autograd: bool
+    fallback_ops: frozenset
+    gaps: frozenset = frozenset()
 
 
 class Tracer:
@@ -180,9 +233,27 @@ class Tracer:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.warned: set[str] = set()
         self.fallback_ops: set[str] = set()
+        self.ops_seen: set = set()
+        self.writes_input = False
+        self.no_grad_cut = False
+        self.calls_autograd = False
+        self.gaps: set = set()
+        self._input_storages: list[Storage] = []
+
+    def info(self) -> TraceInfo:
+        """What this trace saw besides the index sets (see :class:`TraceInfo`)."""
+        return TraceInfo(frozenset(self.ops_seen), self.writes_input, self.no_grad_cut, self.calls_autograd,
+                         frozenset(self.fallback_ops), frozenset(self.gaps))
+
+    def note_autograd(self) -> None:
+        self.calls_autograd = True
 
     # -- context ------------------------------------------------------------------------------
     def __enter__(self):
+        # f runs with gradients recorded, as under evaluation's transforms (which ignore an outer
+        # no_grad); no_grad regions inside f then cut dependencies as they do in reverse mode
+        self._grad = torch.enable_grad()
+        self._grad.__enter__()
         self._mode = _Mode(self)
         self._mode.__enter__()
         push_tracer(self)
@@ -191,17 +262,27 @@ class Tracer:
     def __exit__(self, *exc):
         pop_tracer(self)
         self._mode.__exit__(*exc)
+        self._grad.__exit__(*exc)
         return False
 
     # -- construction -------------------------------------------------------------------------
     def input(self, x: torch.Tensor, sets: sp.csr_matrix | None = None) -> TracedTensor:
-        """The traced stand-in for the input ``x`` (its elements are inputs ``0..numel-1``)."""
-        primal = x.detach().contiguous()
-        if not self.local:
-            primal = primal.to("meta")
+        """The traced stand-in for the input ``x`` (its elements are inputs ``0..numel-1``).
+
+        Call it inside the tracer's context. Like the inputs of evaluation, the stand-in has
+        ``requires_grad=True`` and is not a leaf (``f`` may write into it); its values (under
+        ``local=True``) are a copy, so ``f`` never writes into the caller's ``x``."""
+        with no_dispatch():  # the primal is a plain tensor, not a traced constant
+            if not self.local:
+                primal = torch.empty(x.shape, dtype=x.dtype, device="meta")
+            else:
+                primal = x.detach().clone(memory_format=torch.contiguous_format)
         if sets is None:
             sets = S.identity(x.numel())
-        return TracedTensor(Storage(primal, sets), primal, None, x.device)
+        leaf = TracedTensor(Storage(primal, sets), primal, None, x.device, requires_grad=True)
+        stand_in = leaf.clone()
+        self._input_storages.append(stand_in._storage)
+        return stand_in
 
     def constant(self, t: torch.Tensor):
         """A traced tensor with value ``t`` that depends on no input (sparse layouts stay plain)."""
@@ -231,6 +312,11 @@ class Tracer:
     def dispatch(self, func, args, kwargs):
         flat, spec = tree_flatten((args, kwargs))
         traced = [a for a in flat if isinstance(a, TracedTensor)]
+        if traced:
+            self.ops_seen.add(func)
+            gaps = gaps_of(func, lambda: bind(func, args, kwargs))
+            if gaps:
+                self.gaps.update(gaps)
 
         if func in _SCALAR_OPS:
             return self._scalar(func, args, kwargs, traced)
@@ -245,6 +331,9 @@ class Tracer:
             raise TracingError(
                 f"{func}: a sparse tensor computed from the input cannot be traced; build sparse "
                 "matrices from constants only, or keep input-dependent values dense")
+        decompose = _decomposition(func)
+        if decompose is not None:  # traced through the ops it decomposes into, each by its rule
+            return decompose(*args, **kwargs)
         any_meta = any(t.primal.is_meta for t in traced)
         mutated = _mutated_args(func)
         if mutated:
@@ -319,6 +408,19 @@ class Tracer:
         self.observe(call, rule, out_sets)
         return out_sets
 
+    def detached(self, t: TracedTensor) -> bool:
+        """Whether reverse mode sees ``t`` as a constant here: gradients are being recorded, yet
+        autograd does not track ``t`` (computed under ``no_grad``, or by a backward pass without
+        ``create_graph``). Its index sets are then cut, and the trace notes it (``no_grad_cut``).
+        While recording is off (inside a no_grad region or an ``autograd.Function``'s forward) sets
+        propagate as usual: what counts is whether the result is tracked where it is used."""
+        if t.requires_grad or not torch.is_grad_enabled() or not is_differentiable_dtype(t.dtype):
+            return False
+        if t.sets.nnz:
+            self.no_grad_cut = True
+            return True
+        return False
+
     def observe(self, call: Call, rule, out_sets: list) -> None:
         """Hook run after every rule (``rule`` is ``None`` for the fallback); subclasses such as
         the Hessian tracer record second-order information here."""
@@ -359,6 +461,8 @@ class Tracer:
             targets = target if isinstance(target, (list, tuple)) else [target]
             for t in targets:
                 if isinstance(t, TracedTensor):
+                    if any(t._storage is s for s in self._input_storages):
+                        self.writes_input = True
                     if any_meta:
                         t._storage.make_meta()
                 elif isinstance(t, torch.Tensor) and not (func in _STAT_UPDATES and name in _STAT_NAMES):
@@ -448,7 +552,6 @@ def trace(f: Callable, x: torch.Tensor, *, local: bool, strict: bool = False,
     """Run ``f`` on a traced stand-in of ``x`` under a ``tracer_cls``; returns ``f``'s output and
     the tracer."""
     tracer = tracer_cls(x.numel(), local=local, strict=strict, device=x.device)
-    tx = tracer.input(x)
     with tracer:
-        out = f(tx)
+        out = f(tracer.input(x))
     return out, tracer

@@ -1,3 +1,8 @@
-"""Propagation rules, one module per op family; importing this package registers them all."""
+"""Propagation rules, one module per op family; importing this package registers them all, then
+gives every in-place variant (``elu_``) without a rule of its own its out-of-place rule."""
 
-from . import elementwise, fft, interpolate, linalg, linear, movement, nn, reductions  # noqa: F401
+from ..table import register_inplace_twins
+from . import (complex, elementwise, fft, interpolate, linalg, linear, movement, nn,  # noqa: F401
+               reductions, structured_linalg)
+
+register_inplace_twins()

@@ -2,7 +2,8 @@
 
 An output element of an elementwise op depends on the broadcast-matching element of every
 differentiable operand (minus the operands the op's derivative ignores, e.g. ``copysign``'s sign
-source). Zero-derivative ops (comparisons, sign, rounding) give empty sets. Under local tracing,
+source). Zero-derivative ops (comparisons, sign, rounding) give empty sets. Ops whose class differs on
+complex tensors (``abs``, ``sgn``, ``angle``) are in :mod:`~asd.detection.rules.complex`. Under local tracing,
 piecewise-linear ops whose derivative vanishes on part of the domain (``relu``) use the values.
 """
 
@@ -13,7 +14,7 @@ import torch
 
 from .. import sets as S
 from .._core import Call, TracedTensor, is_differentiable_dtype
-from ..table import aten_ops, register_rule
+from ..table import aten_ops, overloads_except, register_rule
 
 aten = torch.ops.aten
 
@@ -114,12 +115,12 @@ NONLINEAR_UNARY = aten_ops(
     "special_erfcx", "special_entr", "special_zeta",
     "special_bessel_j0", "special_bessel_j1", "special_spherical_bessel_j0", "gelu", "silu",
     "mish", "elu", "celu", "selu", "softplus", "log_sigmoid_forward", "mvlgamma", "square",
-    "pow", "float_power", "logaddexp", "logaddexp2", "hypot", "atan2", "arctan2",
-    "igamma", "igammac", "ldexp", "polar", "erfinv_", "angle", "exp_", "log_", "sqrt_",
-    "sin_", "cos_", "tanh_", "sigmoid_", "pow_", "reciprocal_", "rsqrt_",
+    "logaddexp", "logaddexp2", "hypot", "atan2", "arctan2",
+    "igamma", "igammac", "ldexp", "polar", "erfinv_", "exp_", "log_", "sqrt_",
+    "sin_", "cos_", "tanh_", "sigmoid_", "reciprocal_", "rsqrt_", "ldexp_",
 )
 PIECEWISE_LINEAR = aten_ops(
-    "abs", "abs_", "leaky_relu", "leaky_relu_", "softshrink", "hardshrink",
+    "leaky_relu", "leaky_relu_", "softshrink", "hardshrink",
     "fmod", "remainder", "rrelu_with_noise", "frexp",
 )
 LINEAR = aten_ops(
@@ -129,7 +130,7 @@ LINEAR = aten_ops(
 )
 ZERO = aten_ops(
     "eq", "ne", "lt", "le", "gt", "ge", "eq_", "ne_", "lt_", "le_", "gt_", "ge_", "sign", "sign_",
-    "sgn", "floor", "floor_", "ceil", "ceil_", "round", "round_", "trunc", "trunc_", "fix",
+    "floor", "floor_", "ceil", "ceil_", "round", "round_", "trunc", "trunc_", "fix",
     "isnan", "isinf", "isfinite", "isposinf", "isneginf", "isreal", "signbit", "heaviside",
     "logical_and", "logical_or", "logical_xor", "logical_not", "logical_not_", "logical_and_", "logical_or_", "logical_xor_", "bitwise_and", "bitwise_or",
     "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "floor_divide",
@@ -236,3 +237,29 @@ register_rule(aten_ops("hardswish", "hardswish_"), _masked_by_value(lambda x, b:
               second_order="nonlinear", family="elementwise")
 register_rule(aten_ops("threshold", "threshold_"), _masked_by_value(lambda x, b: x > b["threshold"]),
               second_order="linear", family="elementwise")
+
+
+def power_rule(call: Call) -> list:
+    """``x ** c`` for a constant exponent known at trace time: ``c = 0`` has a zero derivative,
+    ``c = 1`` a zero second derivative; a tensor exponent or base makes it a general op."""
+    c = call.bound().get("exponent")
+    if isinstance(c, (int, float, complex)) and not isinstance(c, bool):
+        if c == 0:
+            return zero(call)
+        res = broadcast_union(call)
+        if c != 1:
+            call.record_interaction(res)
+        return res
+    res = broadcast_union(call)
+    call.record_interaction(res)
+    return res
+
+
+_POWERS = aten_ops("pow", "pow_", "float_power", "float_power_")
+_SCALAR_EXPONENT = ("pow.Tensor_Scalar", "pow.Tensor_Scalar_out", "pow_.Scalar", "float_power.Tensor_Scalar",
+                    "float_power.Tensor_Scalar_out", "float_power_.Scalar")
+# the table's class is that of a constant exponent 1 (linear); the rule records the others' interactions
+register_rule([getattr(getattr(aten, n.split(".")[0]), n.split(".")[1]) for n in _SCALAR_EXPONENT], power_rule,
+              second_order="linear", family="elementwise")
+register_rule(overloads_except(_POWERS, *_SCALAR_EXPONENT), broadcast_union, second_order="nonlinear",
+              family="elementwise")

@@ -158,14 +158,15 @@ def no_outputs(call: Call) -> list:
     return [None] * len(call.outs)
 
 
+# Cholesky, QR, LU, triangular solves and determinants: see structured_linalg
 BATCH_DENSE = aten_ops(
-    "linalg_lu_factor_ex", "_linalg_svd", "linalg_pinv", "linalg_qr", "linalg_cholesky_ex", "linalg_inv_ex",
-    "cholesky", "linalg_matrix_exp", "matrix_exp", "_linalg_slogdet", "_linalg_det", "_linalg_eigh",
-    "linalg_eig", "_linalg_eigvals", "linalg_householder_product", "linalg_lu", "ormqr", "cholesky_inverse",
+    "_linalg_svd", "linalg_pinv", "linalg_inv_ex",
+    "linalg_matrix_exp", "matrix_exp", "_linalg_eigh",
+    "linalg_eig", "_linalg_eigvals", "linalg_householder_product", "ormqr", "cholesky_inverse",
     "geqrf", "linalg_ldl_factor_ex", "linalg_matrix_power", "inverse", "logdet", "det", "slogdet",
     "linalg_eigvals", "linalg_svdvals", "_lu_with_info",
 )
-SOLVES = aten_ops("_linalg_solve_ex", "linalg_solve_triangular", "triangular_solve", "linalg_lu_solve",
+SOLVES = aten_ops("_linalg_solve_ex", "linalg_lu_solve",
                   "cholesky_solve", "linalg_lstsq")
 
 register_rule(BATCH_DENSE, batch_dense, second_order="nonlinear", family="linalg")

@@ -8,6 +8,8 @@ sort, topk, median) follow the indices they return, which is exact at that point
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -102,6 +104,10 @@ def cumulative(call: Call) -> list:
     s = call.sets(x)
     if s is None:
         return [None] * len(call.outs)
+    if call.local and call.func.overloadpacket in (aten.cummax, aten.cummin) and x.dim():
+        exact = _local_selection(call, x, [b["dim"] % x.dim()])
+        if exact is not None:
+            return exact
     shape = tuple(x.shape) if x.dim() else (1,)
     d = b["dim"] % len(shape)
     length = shape[d]
@@ -112,6 +118,28 @@ def cumulative(call: Call) -> list:
     cols = ids[:, l].reshape(-1)
     u = S.gather_union(s, rows, cols, x.numel())
     return [u if is_differentiable_dtype(o.dtype) else None for o in call.outs]
+
+
+def norm_rule(call: Call) -> list:
+    """``linalg_vector_norm`` / ``norm``: ord 0 counts nonzeros (zero derivative); ord 1 and +-inf
+    are piecewise linear on real tensors (and, traced locally, +-inf depends on the elements
+    attaining the extremum only); other orders, and every order on complex tensors, are smooth."""
+    b = call.bound()
+    x = b["self"]
+    p = b["ord"] if "ord" in b else b.get("p")
+    p = 2 if p is None else p
+    if p == 0:
+        return [None] * len(call.outs)
+    if x.dtype.is_complex or p not in (1, math.inf, -math.inf):
+        res = reduction(call)
+        call.record_interaction(res)
+        return res
+    if call.local and p != 1 and isinstance(x, TracedTensor) and not x.primal.is_meta and call.sets(x) is not None:
+        groups, ngroups = group_ids(tuple(x.shape), _dims(b.get("dim"), x.dim()))
+        out = call.outs[0].reshape(-1).cpu()
+        hit = (x.primal.reshape(-1).cpu().abs() == out[torch.as_tensor(groups)]).numpy()
+        return [S.gather_union(call.sets(x), groups[hit], np.nonzero(hit)[0], ngroups)]
+    return reduction(call)
 
 
 def sort_like(call: Call) -> list:
@@ -159,13 +187,11 @@ ELEMENTWISE_OVERLOADS = ("max.other", "min.other", "max.out", "min.out", "max.un
 LINEAR_REDUCTIONS = aten_ops("sum", "mean", "nansum", "nanmean")
 SELECTIONS = aten_ops("amax", "amin", "aminmax", "max", "min", "median", "nanmedian", "mode", "kthvalue")
 SMOOTH_REDUCTIONS = aten_ops(
-    "logsumexp", "linalg_vector_norm", "norm", "var", "std", "var_mean", "std_mean",
+    "logsumexp", "var", "std", "var_mean", "std_mean",
     "special_logsumexp", "linalg_norm", "frobenius_norm", "nuclear_norm",
 )
 ALONG_DIM = aten_ops("_softmax", "_log_softmax", "softmax", "log_softmax", "special_softmax", "special_log_softmax",
                      optional=["_safe_softmax"])  # torch >= 2.5
-CUMULATIVE = aten_ops("cumsum", "cumsum_", "cumprod", "cumprod_", "logcumsumexp", "cummax", "cummin",
-                      "_cummax_helper", "_cummin_helper")
 SORTING = aten_ops("sort", "topk", "msort")
 
 register_rule(LINEAR_REDUCTIONS, reduction, second_order="linear", family="reductions")
@@ -175,6 +201,11 @@ register_rule(SMOOTH_REDUCTIONS, reduction, second_order="nonlinear", family="re
 register_rule(aten.prod, reduction, second_order="nonlinear", interaction="multilinear", family="reductions")
 register_rule(ALONG_DIM, along_dim, second_order="nonlinear", family="reductions")
 register_rule(aten_ops("cumsum", "cumsum_"), cumulative, second_order="linear", family="reductions")
-register_rule([op for op in CUMULATIVE if op not in aten_ops("cumsum", "cumsum_")], cumulative,
-              second_order="nonlinear", family="reductions")
+register_rule(aten_ops("cumprod", "cumprod_", "logcumsumexp"), cumulative, second_order="nonlinear",
+              family="reductions")
+# running maxima select elements: piecewise linear
+register_rule(aten_ops("cummax", "cummin", "_cummax_helper", "_cummin_helper"), cumulative, second_order="linear",
+              family="reductions")
+# the table's class is that of ord 1 / inf on real tensors; the rule records the others' interactions
+register_rule(aten_ops("linalg_vector_norm", "norm"), norm_rule, second_order="linear", family="reductions")
 register_rule(SORTING, sort_like, second_order="linear", family="reductions")

@@ -1,0 +1,112 @@
+"""PyTorch's own missing or wrong derivative formulas, by AD mode, and the modes a trace rules out.
+
+Evaluation differentiates ``f`` with PyTorch's formulas; where one of them is wrong the sparse
+result is wrong too, without a word. This table lists the (op, mode) pairs known to be wrong in
+the PyTorch this package supports (found by ``tests/test_ad_gaps.py``, which checks each entry
+against plain reverse-mode autograd and finite differences, and by ``tests/test_fuzz.py``). The
+tracer notes the entries whose ops ``f`` applies (:attr:`TraceInfo.gaps
+<asd.detection.torch_tracer.TraceInfo>`); prepared operators then evaluate in a mode that avoids
+them (:func:`unsafe_modes`).
+
+The modes are the AD building blocks of the evaluation backends:
+
+``forward``
+    forward-mode AD (dual numbers, ``torch.func.jvp``): column and bidirectional colorings, and
+    both HVP flavours that contain a JVP;
+``batched_reverse``
+    VJPs batched with ``vmap`` (row and bidirectional colorings, reverse-over-reverse HVPs);
+``reverse_over_forward``
+    ``grad`` of ``jvp`` (the ``hvp="reverse_over_forward"`` flavour);
+``forward_over_reverse``
+    ``jvp`` of ``grad`` (the default HVP flavour).
+
+Plain, unbatched reverse mode (the autograd-loop backend) needs none of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["MODES", "Gap", "GAPS", "gaps_of", "unsafe_modes"]
+
+aten = torch.ops.aten
+
+MODES = ("forward", "batched_reverse", "reverse_over_forward", "forward_over_reverse")
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A derivative formula of ``op`` that PyTorch gets wrong (or lacks) under ``modes``.
+
+    ``applies(bound)`` tells, from the op's bound arguments, whether a call is affected (for
+    instance only ``reduce="prod"`` of ``scatter_reduce``); ``reason`` is what a warning says.
+    """
+
+    op: str
+    modes: frozenset
+    reason: str
+    applies: Callable[[dict], bool] = lambda bound: True
+
+
+def _prod(bound: dict) -> bool:
+    return bound.get("reduce") == "prod"
+
+
+def _several_rows(bound: dict) -> bool:
+    x1 = bound.get("x1")
+    return not isinstance(x1, torch.Tensor) or x1.dim() < 2 or x1.shape[-2] > 1
+
+
+_ROF = "PyTorch's double backward of {} through a JVP (grad of jvp) is wrong"
+
+GAPS: dict = {
+    aten.scatter_reduce: (Gap("scatter_reduce", frozenset({"forward"}),
+                              "PyTorch's forward-mode derivative of scatter_reduce(reduce='prod') is zero", _prod),),
+    aten.scatter_reduce_: (Gap("scatter_reduce_", frozenset({"forward"}),
+                               "PyTorch's forward-mode derivative of scatter_reduce_(reduce='prod') is zero",
+                               _prod),),
+    aten._cdist_forward: (Gap("cdist", frozenset({"batched_reverse"}),
+                              "vmap of PyTorch's cdist backward is wrong when x1 has several rows",
+                              _several_rows),
+                          Gap("cdist", frozenset({"forward"}), "PyTorch has no forward-mode derivative of cdist")),
+    **{getattr(aten, name): (Gap(name, frozenset({"reverse_over_forward"}), _ROF.format(name)),)
+       for name in ("native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
+                    "_native_batch_norm_legit_no_training", "_linalg_det", "_linalg_slogdet", "_linalg_solve_ex")
+       if hasattr(aten, name)},
+}
+
+
+def gaps_of(func: torch._ops.OpOverload, bound: Callable[[], dict]) -> tuple:
+    """The gaps a call of ``func`` falls into; ``bound()`` gives its bound arguments (only
+    computed for the ops of the table)."""
+    entries = GAPS.get(func.overloadpacket)
+    if not entries:
+        return ()
+    b = bound()
+    return tuple(g for g in entries if g.applies(b))
+
+
+def unsafe_modes(info) -> dict:
+    """``{mode: reason}`` of the AD modes whose results would differ from what ``f`` computes,
+    from a finished trace's :class:`~asd.detection.torch_tracer.TraceInfo` (``None``: no trace,
+    nothing known)."""
+    if info is None:
+        return {}
+    out: dict = {}
+    for gap in sorted(info.gaps, key=lambda g: g.op):
+        for mode in gap.modes:
+            out.setdefault(mode, gap.reason)
+    forward_reason = None
+    if info.calls_autograd:
+        forward_reason = ("f calls torch.autograd on its input, which forward-mode AD does not track (the "
+                          "input has requires_grad=False under a JVP)")
+    elif info.no_grad_cut:
+        forward_reason = ("f computes from its input under torch.no_grad() (or detaches it): reverse mode "
+                          "cuts those dependencies, forward-mode AD does not")
+    if forward_reason is not None:
+        for mode in ("forward", "reverse_over_forward", "forward_over_reverse"):
+            out.setdefault(mode, forward_reason)
+    return out

@@ -52,6 +52,12 @@ class TransformUnsupported(InputError):
     inside it, randomness under ``vmap``, in-place updates of captured tensors, ...)."""
 
 
+class ADGapWarning(UserWarning):
+    """An explicitly chosen AD mode would meet a PyTorch derivative formula known to be wrong (or a
+    ``no_grad`` region or ``autograd`` call that the mode cannot follow) for this function; asd
+    evaluates in another mode (see :mod:`asd.detection.ad_gaps`)."""
+
+
 class HostFallbackWarning(UserWarning):
     """A step copied values to the host and back because its device has no kernel for it (a
     direct factorization, a symbolic sparse product, a triangular sweep off CUDA).  Warned once

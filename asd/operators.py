@@ -25,7 +25,8 @@ from .backends.traced import Tracing
 from .cache import fingerprint, value_fingerprint
 from .checks import CheckReport, checks_forced, probe
 from .backends.autograd_loop import AutogradLoop
-from .errors import AsdError, CheckError, InputError, TransformUnsupported
+from .detection.ad_gaps import unsafe_modes
+from .errors import ADGapWarning, AsdError, CheckError, InputError, TransformUnsupported
 from .guards import ModuleStateGuard
 from .memory import auto_batch_size
 from .options import check_batch_size, check_bool, check_choice
@@ -34,7 +35,7 @@ from .patterns import SparsityPattern, as_pattern
 JACOBIAN_COLORINGS = ("column", "row", "bidirectional")
 HESSIAN_COLORINGS = ("star", "acyclic")
 MODES = ("auto", "forward", "reverse")
-HVP_MODES = tuple(HVP_BACKENDS)
+HVP_MODES = ("auto", *HVP_BACKENDS)
 MAX_GPU_SUBSTITUTION_LEVELS = 64
 _MODE_OF = {ColumnColoring: "forward", RowColoring: "reverse", BiColoring: "bidirectional"}
 CHECKS = (False, "first", True)
@@ -155,11 +156,18 @@ class _SparseOperator:
         return pair, fingerprint(pair) != self._args_fingerprint
 
     def _prepare_pattern(self, detect: Callable, given, conform: Callable) -> None:
-        """``self.pattern``: detected, or the user's ``given`` pattern checked by ``conform``."""
+        """``self.pattern``: detected (``detect()`` returns the pattern and the trace's
+        :class:`~asd.detection.torch_tracer.TraceInfo`), or the user's ``given`` pattern checked by
+        ``conform``. ``self.unsafe``: the AD modes the trace rules out
+        (:func:`asd.detection.ad_gaps.unsafe_modes`)."""
         t0 = time.perf_counter()
         self._user_pattern = given is not None
         with self._guard.protect(always=True):  # preparing leaves no trace in the user's modules
-            self.pattern = detect() if given is None else conform(as_pattern(given, name="pattern"))
+            if given is None:
+                self.pattern, self.trace_info = detect()
+            else:
+                self.pattern, self.trace_info = conform(as_pattern(given, name="pattern")), None
+        self.unsafe = unsafe_modes(self.trace_info)
         self.timings["detection"] = time.perf_counter() - t0
 
     def _choose_coloring(self, choose: Callable):
@@ -169,7 +177,7 @@ class _SparseOperator:
         return result
 
     def _setup(self, g: Callable, coloring, x: torch.Tensor, backend: Backend | None, batch_size, compile,
-               check, trace, hvp=None) -> None:
+               check, trace, hvp=None, explicit: bool = False) -> None:
         self.coloring = coloring
         self._g = g
         self.check_mode = check
@@ -188,8 +196,42 @@ class _SparseOperator:
             trace = not (self._local or self._user_pattern)
         self._options = dict(batch_size=self.batch_size, compile=compile,
                              trace=self._make_tracing if check_bool("trace", trace) else None)
+        self.ad_gap: str | None = None
+        coloring, backend = self._avoid_gaps(coloring, backend, user_backend=self._settled, explicit=explicit)
         self._adopt(coloring, backend)
         self.fallback_reason: str | None = None
+
+    def _clash(self, coloring, backend: Backend) -> str | None:
+        """The reason ``backend`` would be wrong on ``coloring`` for this function, or ``None``."""
+        for mode in sorted(backend.ad_modes(coloring)):
+            if mode in self.unsafe:
+                return f"{self.unsafe[mode]} ({mode} mode)"
+        return None
+
+    def _avoid_gaps(self, coloring, backend: Backend, *, user_backend: bool, explicit: bool):
+        """``(coloring, backend)``, or the first strategy of :meth:`_fallbacks` that needs none of the
+        AD modes the trace ruled out (PyTorch formulas known to be wrong for ``f``'s ops, or
+        ``no_grad``/``autograd`` calls in ``f`` that forward mode cannot follow). An explicit
+        choice that is replaced, or a user backend that is kept, warns with :class:`asd.ADGapWarning`."""
+        reason = self._clash(coloring, backend)
+        if reason is None:
+            return coloring, backend
+        self.ad_gap = reason
+        if user_backend:
+            warnings.warn(f"asd: the given backend {backend.name} may be wrong for this function: {reason}",
+                          ADGapWarning, stacklevel=4)
+            return coloring, backend
+        self.coloring, self.backend = coloring, backend  # what _fallbacks() starts from
+        for make in self._fallbacks():
+            c, b = make()
+            if self._clash(c, b) is None:
+                if explicit:
+                    warnings.warn(f"asd: {backend.name} would be wrong for this function: {reason}; using "
+                                  f"{b.name} instead", ADGapWarning, stacklevel=4)
+                return c, b
+        warnings.warn(f"asd: every evaluation strategy may be wrong for this function: {reason}",
+                      ADGapWarning, stacklevel=4)
+        return coloring, backend
 
     def _adopt(self, coloring, backend: Backend) -> None:
         self.coloring = coloring
@@ -225,6 +267,8 @@ class _SparseOperator:
                 last = exc
                 for make in self._fallbacks():
                     coloring, backend = make()
+                    if self._clash(coloring, backend) is not None:
+                        continue
                     try:
                         state = backend.init(self._g, self._x0, coloring, **self._options)
                         decompressor = Decompressor(coloring, self.device)
@@ -343,7 +387,11 @@ class SparseJacobian(_SparseOperator):
         ``"forward"`` (column coloring, batched JVPs), ``"reverse"`` (row coloring, batched VJPs)
         or ``"auto"`` (the one with fewer colors; on a tie reverse when evaluating eagerly, as one
         VJP batch shares one forward pass, and forward with ``compile=True``, where compiled JVPs
-        are the faster).
+        are the faster). ``"auto"`` avoids a mode in which one of ``f``'s ops has a PyTorch
+        derivative formula known to be wrong (:mod:`asd.detection.ad_gaps`), and forward mode when
+        ``f`` calls ``torch.autograd`` or computes under ``torch.no_grad()``, which JVPs cannot
+        follow; an explicit mode that would be wrong there is replaced with an
+        :class:`asd.ADGapWarning` (``op.ad_gap`` says why).
     coloring
         Overrides ``mode`` with an explicit problem: ``"column"``, ``"row"`` or ``"bidirectional"``
         (rows and columns together, one batch of JVPs plus one of VJPs).
@@ -417,14 +465,20 @@ class SparseJacobian(_SparseOperator):
                                  f"{m if m is not None else 'no tensor'} elements")
             return P.with_shapes(tuple(x.shape), tuple(y.shape))
 
-        self._prepare_pattern(lambda: jacobian_pattern(fx, x, local=local, strict=strict), pattern, conform)
+        self._prepare_pattern(lambda: jacobian_pattern(fx, x, local=local, strict=strict, return_info=True), pattern,
+                              conform)
         problem = coloring or {"forward": "column", "reverse": "row"}.get(mode)
+        explicit = problem is not None
+        if problem is None and "forward" in self.unsafe:
+            problem = "row"
+        elif problem is None and "batched_reverse" in self.unsafe:
+            problem = "column"
         result = self._choose_coloring(lambda: choose_jacobian(self.pattern, problem, order,
                                                                prefer="column" if compile else "row"))
         _warn_if_dense(result, self.pattern)
         self._order = order
         check = _check_option(check, default=local or self._user_pattern)
-        self._setup(self._flat(f), result, x, backend, batch_size, compile, check, trace)
+        self._setup(self._flat(f), result, x, backend, batch_size, compile, check, trace, explicit=explicit)
 
     def _flat(self, f: Callable) -> Callable:
         return flatten_function(self._bound(f), self.shape)
@@ -452,8 +506,8 @@ class SparseJacobian(_SparseOperator):
                         AutogradLoop())
             return make
 
-        return ([other_mode(p) for p in others] + [loop(first.problem)]
-                + [loop(p) for p in others if first.problem != "bidirectional"])
+        # the row loop (one plain VJP per color) comes last: it needs no transform and no forward mode
+        return [other_mode(p) for p in others] + [loop(p) for p in (first.problem, *others)]
 
     def __repr__(self) -> str:
         m, n = self.pattern.shape
@@ -478,9 +532,13 @@ class SparseHessian(_SparseOperator):
     order
         Vertex order of the coloring (see :data:`asd.coloring.ORDERS`, or ``"best"``).
     hvp
-        ``"forward_over_reverse"`` (``jvp`` of ``grad``, the default) or ``"reverse_over_forward"``
-        (``grad`` of ``jvp``: often faster eagerly, but PyTorch's double-backward formulas of a few
-        ops (``cumprod`` at a zero) give NaN where forward-over-reverse is exact).
+        ``"forward_over_reverse"`` (``jvp`` of ``grad``), ``"reverse_over_forward"`` (``grad`` of
+        ``jvp``: often faster eagerly, but PyTorch's double-backward formulas of a few ops
+        (``cumprod`` at a zero) give NaN where forward-over-reverse is exact) or ``"auto"`` (the
+        default: forward-over-reverse, unless one of ``f``'s ops has a PyTorch formula known to be
+        wrong in it (:mod:`asd.detection.ad_gaps`); then the first flavour that avoids it, down to
+        reverse-over-reverse and the plain autograd loop). An explicit flavour that would be wrong
+        is replaced with an :class:`asd.ADGapWarning`.
     batch_size, compile, local, strict, pattern, backend, check, args, kwargs, trace
         As for :class:`SparseJacobian`.
 
@@ -496,7 +554,7 @@ class SparseHessian(_SparseOperator):
     _what = "this SparseHessian"
 
     def __init__(self, f: Callable, x: torch.Tensor, *, coloring: str | None = None, order: str = "natural",
-                 hvp: str = "forward_over_reverse", batch_size: int | None = None, compile: bool = False,
+                 hvp: str = "auto", batch_size: int | None = None, compile: bool = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
                  check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None,
                  trace: bool | None = None):
@@ -514,17 +572,20 @@ class SparseHessian(_SparseOperator):
                 raise InputError(f"a Hessian pattern must be ({x.numel()}, {x.numel()}), got {P.shape}")
             return symmetric_pattern(P).with_shapes(tuple(x.shape), tuple(x.shape))
 
-        self._prepare_pattern(lambda: hessian_pattern(fx, x, local=local, strict=strict), pattern, conform)
+        self._prepare_pattern(lambda: hessian_pattern(fx, x, local=local, strict=strict, return_info=True), pattern,
+                              conform)
         # off the CPU, substitution runs level by level: worth it only for shallow trees
         result = self._choose_coloring(lambda: choose_hessian(
             self.pattern, coloring, order, exact_arithmetic=x.dtype == torch.float64,
             max_levels=None if x.device.type == "cpu" else MAX_GPU_SUBSTITUTION_LEVELS))
         _warn_if_dense(result, self.pattern)
-        self.hvp = hvp
+        explicit = hvp != "auto"
+        self.hvp = "forward_over_reverse" if hvp == "auto" else hvp
         self._g = self._flat(f)
         self._compile = compile
         check = _check_option(check, default=local or self._user_pattern)
-        self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[hvp])
+        self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[self.hvp],
+                    explicit=explicit)
 
     def _fallbacks(self):
         coloring = self.coloring

@@ -38,6 +38,12 @@ class AutogradLoop(Backend):
 
     name = "autograd loop"
 
+    def ad_modes(self, coloring) -> frozenset:
+        """Dual numbers for column seeds; plain reverse mode (and double backward) otherwise."""
+        hessian = isinstance(coloring, (StarColoring, AcyclicColoring))
+        forward = any(isinstance(b, ColumnSeeds) for b in coloring.seed_blocks())
+        return frozenset({"forward"}) if forward and not hessian else frozenset()
+
     def init(self, g, x, coloring, *, batch_size=None, compile=False, trace=None) -> LoopState:
         blocks = coloring.seed_blocks(x.dtype, x.device)
         return LoopState(g, tuple(blocks), isinstance(coloring, (StarColoring, AcyclicColoring)),

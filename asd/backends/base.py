@@ -171,6 +171,13 @@ class Backend(ABC):
 
     #: a short description of the evaluation strategy (``op.strategy``)
     name: str = "backend"
+    #: the AD building blocks the products use (see :data:`asd.detection.ad_gaps.MODES`)
+    modes: frozenset = frozenset()
+
+    def ad_modes(self, coloring) -> frozenset:
+        """The AD modes (:data:`asd.detection.ad_gaps.MODES`) this backend uses for ``coloring``:
+        a mode where one of ``f``'s ops has a wrong PyTorch formula rules the backend out."""
+        return self.modes
 
     @abstractmethod
     def init(self, g: Callable, x: torch.Tensor, coloring, *, batch_size: int | None = None,

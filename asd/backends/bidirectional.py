@@ -25,6 +25,7 @@ class Bidirectional(Backend):
     forward: ForwardJVP = ForwardJVP()
     reverse: ReverseVJP = ReverseVJP()
     name = "vmap(jvp) + vmap(vjp)"
+    modes = frozenset({"forward", "batched_reverse"})
 
     def init(self, g, x, coloring, *, batch_size=None, compile=False, trace=None) -> BidirectionalState:
         if not isinstance(coloring, BiColoring):

@@ -34,6 +34,9 @@ class FusedGather(Backend):
     def name(self) -> str:
         return f"{self.inner.name} + fused gather"
 
+    def ad_modes(self, coloring) -> frozenset:
+        return self.inner.ad_modes(coloring)
+
     @staticmethod
     def applies(coloring, batch_size) -> bool:
         """Whether the fused gather can evaluate this coloring with this batch size."""

@@ -13,6 +13,7 @@ class ForwardOverReverseHVP(SingleDirection):
 
     seed_type = ColumnSeeds
     name = "vmap(jvp(grad))"
+    modes = frozenset({"forward", "forward_over_reverse"})
 
     def batched(self, g, coloring):
         dg = grad(g)
@@ -29,6 +30,7 @@ class ReverseOverForwardHVP(SingleDirection):
 
     seed_type = ColumnSeeds
     name = "vmap(grad(jvp))"
+    modes = frozenset({"forward", "reverse_over_forward"})
 
     def batched(self, g, coloring):
         def run(x, seeds):
@@ -43,6 +45,7 @@ class ReverseOverReverseHVP(SingleDirection):
 
     seed_type = ColumnSeeds
     name = "vmap(vjp(grad))"
+    modes = frozenset({"batched_reverse"})
 
     def batched(self, g, coloring):
         dg = grad(g)

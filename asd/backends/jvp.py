@@ -13,6 +13,7 @@ class ForwardJVP(SingleDirection):
 
     seed_type = ColumnSeeds
     name = "vmap(jvp)"
+    modes = frozenset({"forward"})
 
     def batched(self, g, coloring):
         m = coloring.shape[0]

@@ -13,6 +13,7 @@ class ReverseVJP(SingleDirection):
 
     seed_type = RowSeeds
     name = "vmap(vjp)"
+    modes = frozenset({"batched_reverse"})
 
     def batched(self, g, coloring):
         m = coloring.shape[0]

@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test test-all bench figures clean
+.PHONY: all venv demo test test-all bench figures guide clean
 
 # `make bench BENCH="jacobian hessian"` runs a subset of benchmarks/
 
@@ -35,7 +35,7 @@ test-all: $(STAMP)
 # Peers live in the benchmark environment only: casadi beside asd, jax + asdex in their own venv.
 BENCH_VENV ?= .venv-bench-jax
 $(VENV)/.bench: $(STAMP)
-	$(PY) -m pip install -e ".[bench]"
+	$(PY) -m pip install -e ".[bench,ipopt]"
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install jax jaxlib asdex
 	touch $(VENV)/.bench
@@ -45,6 +45,9 @@ bench: $(VENV)/.bench
 
 figures: $(STAMP)
 	$(PY) -m asd figures
+
+guide: $(STAMP)
+	$(PY) -m asd guide
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info

@@ -1,4 +1,4 @@
-"""``python -m asd demo | bench | figures``."""
+"""``python -m asd demo | bench | figures | guide``."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ def main(argv=None) -> None:
         def run(args):
             for path in make_figures(args[0] if args else "figures"):
                 print(path)
+    elif cmd == "guide":
+        from .viz.guide.build import main as run
     else:
-        sys.exit(f"unknown command {cmd!r}; use one of: demo, bench, figures")
+        sys.exit(f"unknown command {cmd!r}; use one of: demo, bench, figures, guide")
     run(argv)
 
 

@@ -23,9 +23,9 @@ def _plt():
 
 def conv_jacobian(folder: str) -> str:
     """B2a: the 576 x 784 Jacobian of a 5x5 convolution on a 28x28 image, colored by its coloring."""
-    from .. import api
-    from ..problems import conv_layer
-    from .spy import spy_coloring
+    from ... import api
+    from ...problems import conv_layer
+    from ..spy import spy_coloring
 
     plt = _plt()
     f, x = conv_layer("a")
@@ -42,8 +42,8 @@ def coloring_graph(folder: str) -> str | None:
 
     if importlib.util.find_spec("igraph") is None:  # optional extra
         return None
-    from ..coloring import color
-    from .coloring import plot_coloring_graph
+    from ...coloring import color
+    from ..coloring import plot_coloring_graph
 
     plt = _plt()
     n = 10
@@ -54,7 +54,7 @@ def coloring_graph(folder: str) -> str | None:
     P[0, n - 1] = True
     c = color(P, "column")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    from .spy import spy_coloring
+    from ..spy import spy_coloring
 
     spy_coloring(P, c, ax=axes[0], markersize=12, title=f"pattern, {c.ncolors} column colors")
     plot_coloring_graph(P, c, ax=axes[1])
@@ -64,9 +64,9 @@ def coloring_graph(folder: str) -> str | None:
 
 def hessian_star(folder: str) -> str:
     """The chained Rosenbrock Hessian (B3) colored by its star coloring."""
-    from .. import api
-    from ..problems import rosenbrock
-    from .spy import spy_coloring
+    from ... import api
+    from ...problems import rosenbrock
+    from ..spy import spy_coloring
 
     plt = _plt()
     x = torch.rand(16, dtype=torch.float64)
@@ -117,10 +117,10 @@ def _save(fig, folder: str, name: str) -> str:
 
 def make_figures(folder: str = "figures", results: str | None = None) -> list[str]:
     """Write every figure into ``folder``; returns the paths written."""
-    from ..demo import save_figure
+    from ...demo import save_figure
 
     if results is None:
-        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         results = os.path.join(here, "benchmarks", "results")
     paths = [save_figure(folder), conv_jacobian(folder), coloring_graph(folder), hessian_star(folder),
              benchmark_plot(folder, results)]

@@ -1,0 +1,186 @@
+"""``python -m asd guide``: every figure of the illustrated guide, its demonstration and ``guide.md``.
+
+Each figure is drawn from what one ``data_*`` function returns (computed by asd and torch on the
+guide's functions); ``guide.md`` prints, for each figure, the source of that function and its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import os
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import demonstration as demo
+from . import example
+from .draw import plt
+from .sections import FIGURES, Figure
+
+FORMATS = ("png", "svg")
+DEMO_NAME = "18_demonstration"
+DEFAULT_OUT = os.path.join("docs", "guide")
+
+
+def save(fig, out: str, name: str, fmt: str) -> str:
+    """Save ``fig`` as ``out/name.fmt`` and close it; returns the file name (relative to ``out``)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r}: use one of {', '.join(FORMATS)}")
+    os.makedirs(out, exist_ok=True)
+    file = f"{name}.{fmt}"
+    fig.savefig(os.path.join(out, file), dpi=130, bbox_inches="tight", metadata=_metadata(fmt))
+    plt().close(fig)
+    return file
+
+
+def _metadata(fmt: str) -> dict:
+    # no creation date: the committed figures change only when their content does
+    return {"Date": None} if fmt == "svg" else {}
+
+
+def describe(value) -> str:
+    """A figure's data as text for ``guide.md``: arrays printed whole, dataclasses field by field."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return "\n".join(f"{f.name} = {_indent(describe(getattr(value, f.name)), len(f.name) + 3)}"
+                         for f in dataclasses.fields(value))
+    if isinstance(value, np.ndarray):
+        return np.array2string(value, precision=3, suppress_small=True, max_line_width=100)
+    if isinstance(value, tuple):
+        return "\n".join(describe(v) for v in value)
+    if isinstance(value, list) and value and not isinstance(value[0], (int, float)):
+        return "\n".join(describe(v) for v in value)
+    return repr(value)
+
+
+def _indent(text: str, width: int) -> str:
+    return text.replace("\n", "\n" + " " * width)
+
+
+def _source(fns: Sequence[Callable]) -> str:
+    return "\n\n".join(inspect.getsource(fn).rstrip() for fn in fns)
+
+
+def figure_section(figure: Figure, number: int, file: str, data) -> str:
+    """The Markdown of one figure: image, caption, the code that computed it and its output."""
+    return "\n".join([
+        f"### Figure {number}: {figure.caption}", "",
+        f"![Figure {number}]({file})", "",
+        f"Computed by `asd.viz.guide.data.{figure.data.__name__}` (drawn by "
+        f"`asd.viz.guide.sections.{figure.draw.__name__}`):", "",
+        "```python", _source((figure.data,) + figure.code), "```", "",
+        "Output:", "", "```text", describe(data), "```", ""])
+
+
+def demonstration_section(data: dict, file: str, json_file: str, number: int) -> str:
+    """The Markdown of the demonstration: figure, timings table per problem, break-even sizes."""
+    lines = [f"### Figure {number}: ASD against dense AD as the problem grows", "",
+             f"![Figure {number}]({file})", "",
+             f"Timed by `asd.viz.guide.demonstration.data_demonstration` with `asd.timing.measure` "
+             f"(policy {data['policy']}, {data['threads']} torch thread); the numbers are in "
+             f"[`{json_file}`]({json_file}). One-off = detection + coloring + evaluation (no cache); "
+             f"prepared = evaluation of a prepared operator. Medians in milliseconds:", ""]
+    for p in data["problems"]:
+        lines += _demo_table(p)
+    lines += ["```python", _source((demo.data_demonstration, demo.run_problem, demo.time_case, demo._asd,
+                                    demo._dense)), "```", ""]
+    return "\n".join(lines)
+
+
+def _demo_table(p: dict) -> list[str]:
+    keys = [k for k, *_ in demo.SERIES]
+    head = [f"**{p['title']}** ({p['size_label']})", "",
+            "| n | colors | " + " | ".join(label for _, label, *_ in demo.SERIES) + " | max error |",
+            "|---:|---:|" + "---:|" * len(keys) + "---:|"]
+    body = [f"| {r['size']:,} | {r['ncolors']} | " + " | ".join(f"{1e3 * r[k]:.3g}" for k in keys)
+            + f" | {r['max_error']:.1e} |" for r in p["rows"]]
+    be = p["break_even"]
+    smallest = p["rows"][0]["size"]
+    tail = ["", f"Break-even: asd prepared {_size(be['asd_prepared'], smallest)}, asd one-off "
+                f"{_size(be['asd_oneoff'], smallest)} (the smallest size from which asd beats both dense modes).", ""]
+    return head + body + tail
+
+
+def _size(n: int | None, smallest: int) -> str:
+    if n is None:
+        return "not reached in this range"
+    return f"from n ≤ {n:,} (faster at every size measured)" if n == smallest else f"from n = {n:,}"
+
+
+INTRO = """# An illustrated guide to automatic sparse differentiation, computed by asd
+
+This page and every figure on it are generated by `python -m asd guide` (`make guide`), following the
+ICLR 2025 blog post *An Illustrated Guide to Automatic Sparse Differentiation*. No matrix is drawn by
+hand: each one is the Jacobian, pattern, index set, coloring or compressed product that asd (or torch
+autograd) returns for the function named beside it. One palette (`asd.viz.palette`) is used
+throughout: in the coloring figures a color is one compressed product (one JVP, VJP or HVP); blue
+cells elsewhere are nonzeros, orange boxes are linear maps.
+
+The running example is f = h ∘ g on R^6 (`asd/viz/guide/example.py`), taken at x = {x}:
+
+```python
+{source}
+```
+"""
+
+
+def build_guide(out: str = DEFAULT_OUT, fmt: str = "png", *, quick: bool = False,
+                log: Callable[[str], None] = print) -> list[str]:
+    """Write every figure, the demonstration's JSON and ``guide.md`` into ``out``.
+
+    Parameters
+    ----------
+    out : str
+        Output folder (created if needed).
+    fmt : str
+        ``"png"`` or ``"svg"``.
+    quick : bool
+        Demonstration on two small sizes per problem with :data:`asd.timing.QUICK` (for tests).
+    log : callable
+        Called with each path written.
+
+    Returns
+    -------
+    list of str
+        The paths written, ``guide.md`` last.
+    """
+    parts = [INTRO.format(x=example.point().tolist(), source=_source((example.g, example.h, example.f)))]
+    paths, section = [], None
+    for number, figure in enumerate(FIGURES, start=1):
+        if figure.section != section:
+            section = figure.section
+            parts.append(f"## {section}\n")
+        data = figure.data()
+        file = save(figure.draw(data), out, figure.name, fmt)
+        parts.append(figure_section(figure, number, file, data))
+        paths.append(_logged(os.path.join(out, file), log))
+    parts.append("## Demonstration\n")
+    data = demo.data_demonstration(quick=quick)
+    json_file = f"{DEMO_NAME}.json"
+    paths.append(_logged(demo.write_json(data, os.path.join(out, json_file)), log))
+    file = save(demo.fig_demonstration(data), out, DEMO_NAME, fmt)
+    paths.append(_logged(os.path.join(out, file), log))
+    parts.append(demonstration_section(data, file, json_file, len(FIGURES) + 1))
+    with open(os.path.join(out, "guide.md"), "w") as fh:
+        fh.write("\n".join(parts))
+    paths.append(_logged(os.path.join(out, "guide.md"), log))
+    return paths
+
+
+def _logged(path: str, log: Callable[[str], None]) -> str:
+    log(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m asd guide [--out DIR] [--format svg|png] [--quick]``."""
+    p = argparse.ArgumentParser(prog="python -m asd guide", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    p.add_argument("--format", default="png", choices=FORMATS, help="figure format (default png)")
+    p.add_argument("--quick", action="store_true", help="demonstration on two small sizes per problem (tests)")
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    build_guide(a.out, a.format, quick=a.quick)
+    print(f"guide written to {a.out} in {time.perf_counter() - t0:.1f} s")

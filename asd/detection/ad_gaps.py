@@ -55,11 +55,6 @@ def _prod(bound: dict) -> bool:
     return bound.get("reduce") == "prod"
 
 
-def _several_rows(bound: dict) -> bool:
-    x1 = bound.get("x1")
-    return not isinstance(x1, torch.Tensor) or x1.dim() < 2 or x1.shape[-2] > 1
-
-
 _ROF = "PyTorch's double backward of {} through a JVP (grad of jvp) is wrong"
 
 GAPS: dict = {
@@ -68,9 +63,7 @@ GAPS: dict = {
     aten.scatter_reduce_: (Gap("scatter_reduce_", frozenset({"forward"}),
                                "PyTorch's forward-mode derivative of scatter_reduce_(reduce='prod') is zero",
                                _prod),),
-    aten._cdist_forward: (Gap("cdist", frozenset({"batched_reverse"}),
-                              "vmap of PyTorch's cdist backward is wrong when x1 has several rows",
-                              _several_rows),
+    aten._cdist_forward: (Gap("cdist", frozenset({"batched_reverse"}), "vmap of PyTorch's cdist backward is wrong"),
                           Gap("cdist", frozenset({"forward"}), "PyTorch has no forward-mode derivative of cdist")),
     **{getattr(aten, name): (Gap(name, frozenset({"reverse_over_forward"}), _ROF.format(name)),)
        for name in ("native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",

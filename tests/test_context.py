@@ -1,0 +1,186 @@
+"""Detection and evaluation in one autograd context, and PyTorch's AD gaps avoided (issue 10, items 2-3).
+
+Each test here returned a wrong derivative without a word before: an empty pattern for the
+force-field idiom, answers that changed with ``mode`` under ``torch.no_grad()``, and PyTorch's
+wrong formulas passed through (``scatter_reduce(reduce="prod")`` in forward mode, ``cdist``
+under batched VJPs, reverse-over-forward Hessians of ``layer_norm``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import asd
+from asd.detection import jacobian_pattern
+from asd.detection.ad_gaps import GAPS, unsafe_modes
+
+
+def _dense_jacobian(f, x):
+    return torch.autograd.functional.jacobian(f, x)
+
+
+def _dense_hessian(f, x):
+    """Reverse-over-reverse: needs no forward-mode formula (those are what is being avoided)."""
+    return torch.func.jacrev(torch.func.jacrev(f))(x)
+
+
+def _quiet(make):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # density notes on tiny problems
+        return make()
+
+
+def forces(pos: torch.Tensor) -> torch.Tensor:
+    """The molecular-dynamics idiom: forces as minus the gradient of an energy, by autograd."""
+    if not pos.requires_grad:
+        pos = pos.detach().requires_grad_()
+    energy = (pos[1:] - pos[:-1]).pow(2).sum() + pos.pow(4).sum()
+    return -torch.autograd.grad(energy, pos, create_graph=True)[0]
+
+
+def scaled_by_a_constant_sum(x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        s = x.sum()
+    return x * s
+
+
+@pytest.fixture
+def x():
+    return torch.rand(8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+
+def test_force_field_pattern_is_the_tridiagonal_hessian(x):
+    P, info = jacobian_pattern(forces, x, return_info=True)
+    assert info.calls_autograd
+    expected = (_dense_jacobian(forces, x) != 0)
+    assert torch.equal(torch.as_tensor(P.to_scipy().toarray()), expected)
+
+
+@pytest.mark.parametrize("mode", ["auto", "forward", "reverse"])
+def test_force_field_jacobian_in_every_mode(x, mode):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        op = asd.prepare_jacobian(forces, x, mode=mode)
+        J = op(x).to_dense()
+    torch.testing.assert_close(J, _dense_jacobian(forces, x))
+    assert op.mode == "reverse"
+    gap_warnings = [w for w in caught if issubclass(w.category, asd.ADGapWarning)]
+    assert bool(gap_warnings) == (mode == "forward")  # only the explicit choice is replaced aloud
+
+
+@pytest.mark.parametrize("mode", ["auto", "forward", "reverse"])
+def test_no_grad_regions_cut_dependencies_in_every_mode(x, mode):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", asd.ADGapWarning)
+        J = _quiet(lambda: asd.prepare_jacobian(scaled_by_a_constant_sum, x, mode=mode))(x).to_dense()
+    torch.testing.assert_close(J, _dense_jacobian(scaled_by_a_constant_sum, x))  # reverse mode: s is a constant
+    P, info = jacobian_pattern(scaled_by_a_constant_sum, x, return_info=True)
+    assert info.no_grad_cut and P.nnz == x.numel()  # diagonal, like reverse mode
+
+
+def test_no_grad_inside_a_hessian(x):
+    f = lambda z: (scaled_by_a_constant_sum(z) ** 2).sum()  # noqa: E731
+    op = _quiet(lambda: asd.prepare_hessian(f, x))
+    assert "forward" not in op.strategy.replace("forward_over", "")  # no JVP anywhere
+    torch.testing.assert_close(op(x).to_dense(), _dense_hessian(f, x))
+
+
+def test_outer_no_grad_does_not_change_the_pattern(x):
+    f = lambda z: z[1:] * z[:-1]  # noqa: E731
+    with torch.no_grad():
+        P = asd.jacobian_sparsity(f, x)
+    assert P.nnz == 2 * (x.numel() - 1)
+
+
+IDX = torch.tensor([0, 1, 2, 0, 1, 2, 0, 3])
+
+
+def scatter_prod(z):
+    return torch.ones(4, dtype=z.dtype).scatter_reduce(0, IDX, z, reduce="prod")
+
+
+def test_scatter_reduce_prod_avoids_forward_mode(x):
+    op = _quiet(lambda: asd.prepare_jacobian(scatter_prod, x))
+    assert op.mode == "reverse"
+    torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(scatter_prod, x))
+    with pytest.warns(asd.ADGapWarning, match="scatter_reduce"):
+        op = _quiet(lambda: asd.prepare_jacobian(scatter_prod, x, mode="forward"))
+    torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(scatter_prod, x))
+
+
+@pytest.mark.parametrize("hvp", ["auto", "forward_over_reverse", "reverse_over_forward"])
+def test_scatter_reduce_prod_hessian(x, hvp):
+    f = lambda z: scatter_prod(z).sum()  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", asd.ADGapWarning)
+        op = _quiet(lambda: asd.prepare_hessian(f, x, hvp=hvp))
+    torch.testing.assert_close(op(x).to_dense(), _dense_hessian(f, x))
+
+
+def test_scatter_reduce_sum_keeps_forward_mode(x):
+    f = lambda z: torch.zeros(4, dtype=z.dtype).scatter_reduce(0, IDX, z, reduce="sum") * z[:4]  # noqa: E731
+    _, info = jacobian_pattern(f, x, return_info=True)
+    assert not info.gaps and unsafe_modes(info) == {}
+
+
+def cdist_rows(z):
+    return torch.cdist(z.reshape(4, 2), z.reshape(4, 2)[1:3]).reshape(-1)
+
+
+@pytest.mark.parametrize("mode", ["auto", "reverse"])
+def test_cdist_avoids_batched_vjps(x, mode):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", asd.ADGapWarning)
+        op = _quiet(lambda: asd.prepare_jacobian(cdist_rows, x, mode=mode))
+    assert op.strategy == "autograd loop"
+    torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(cdist_rows, x))
+
+
+def layer_norm_energy(z):
+    return (F.layer_norm(z.reshape(2, 4), (4,)) ** 3).sum()
+
+
+def test_layer_norm_reverse_over_forward_is_replaced(x):
+    with pytest.warns(asd.ADGapWarning, match="native_layer_norm"):
+        op = asd.prepare_hessian(layer_norm_energy, x, hvp="reverse_over_forward")
+    assert "grad(jvp)" not in op.strategy and op.ad_gap
+    torch.testing.assert_close(op(x).to_dense(), _dense_hessian(layer_norm_energy, x))
+
+
+def test_a_user_backend_is_kept_with_a_warning(x):
+    from asd.backends import ForwardJVP
+
+    with pytest.warns(asd.ADGapWarning, match="given backend"):
+        op = _quiet(lambda: asd.prepare_jacobian(scatter_prod, x, coloring="column", backend=ForwardJVP()))
+    assert op.strategy == "vmap(jvp)"
+
+
+def test_every_table_entry_is_an_aten_op():
+    for packet, gaps in GAPS.items():
+        assert isinstance(packet, torch._ops.OpOverloadPacket) and gaps
+        for gap in gaps:
+            assert gap.modes and gap.reason
+
+
+# The gaps themselves, in PyTorch: when one of these starts failing, PyTorch fixed the formula and
+# the table entry can go.
+
+def test_pytorch_forward_mode_of_scatter_reduce_prod_is_still_wrong(x):
+    assert not torch.allclose(torch.func.jacfwd(scatter_prod)(x), torch.func.jacrev(scatter_prod)(x))
+
+
+def test_pytorch_batched_cdist_backward_is_still_wrong(x):
+    assert not torch.allclose(torch.func.jacrev(cdist_rows)(x), _dense_jacobian(cdist_rows, x))
+
+
+def test_pytorch_reverse_over_forward_layer_norm_is_still_wrong(x):
+    def hvp_rof(v):
+        return torch.func.grad(lambda z: torch.func.jvp(layer_norm_energy, (z,), (v,))[1])(x)
+
+    H = _dense_hessian(layer_norm_energy, x)
+    rof = torch.stack([hvp_rof(e) for e in torch.eye(x.numel())])
+    assert not torch.allclose(rof, H)

@@ -113,3 +113,40 @@ def test_verify_and_color_reexport():
     bad = aj.jacobian_sparsity(residual, X).tolil()
     bad[0, 0] = False
     assert not aj.verify(residual, X, bad.tocsr()).ok
+
+
+def test_results_on_the_input_device():
+    """With two (host) devices, an input committed to the second one gives BCSR values, indices,
+    gradient and value there; a second subprocess because the device count is fixed at start-up."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np
+        jax.config.update("jax_enable_x64", True)
+        import asd.jax as aj
+        dev = jax.devices()[1]
+        x = jax.device_put(jnp.linspace(0.5, 1.5, 12), dev)
+        f = lambda z: jnp.sum(100 * (z[1:] - z[:-1] ** 2) ** 2 + (1 - z[:-1]) ** 2)
+        J = aj.sparse_jacobian(lambda z: z[1:] * z[:-1], x)
+        for H in (aj.sparse_hessian(f, x), aj.prepare_hessian(f, x, coloring="acyclic")(x)):
+            assert H.data.devices() == {dev} and H.indices.devices() == {dev}, H.data.devices()
+            np.testing.assert_allclose(H.todense(), jax.hessian(f)(x), rtol=1e-12)
+        v, g, H = aj.gradient_and_hessian(f, x)
+        assert J.data.devices() == {dev} and g.devices() == {dev} and v.devices() == {dev}
+        assert J.indptr.devices() == {dev}
+        print("ok")
+    """)
+    env = dict(__import__("os").environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_constant_seeds_do_not_leak_between_operators():
+    """Seeds and decompression arrays are constants of each operator's jitted call: two operators
+    on the same function and shape with different colorings give the same values."""
+    a = aj.prepare_jacobian(residual, X, mode="forward")
+    b = aj.prepare_jacobian(residual, X, mode="reverse")
+    assert a.mode != b.mode
+    np.testing.assert_allclose(a(X).todense(), b(X).todense(), rtol=1e-13, atol=1e-13)

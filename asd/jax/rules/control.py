@@ -34,8 +34,9 @@ def call(ctx):
     return _finish(ctx, ctx.call(_inner(ctx.params), ctx.ins))
 
 
-register(("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr",
-          "remat", "remat2", "checkpoint"), call, CUSTOM, "control")
+register(("pjit", "jit", "closed_call", "core_call", "call", "custom_jvp_call", "custom_jvp_call_jaxpr",
+          "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint", "composite"), call, CUSTOM,
+         "control")
 
 
 def cond(ctx):

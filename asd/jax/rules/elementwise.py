@@ -22,7 +22,7 @@ ZERO_OPS = ("sign", "floor", "ceil", "round", "is_finite", "eq", "ne", "lt", "le
             "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count", "clz",
             "stop_gradient", "nextafter", "iota", "random_bits", "random_seed", "random_wrap", "random_unwrap",
             "rng_bit_generator", "rng_uniform", "argmax", "argmin", "reduce_and", "reduce_or", "reduce_xor",
-            "bitcast_convert_type")
+            "bitcast_convert_type", "eq_to", "lt_to", "le_to", "zeros_like", "platform_index", "empty")
 
 
 def union_of_operands(ctx, which=None):
@@ -48,7 +48,11 @@ register(("div",), elementwise, QUOTIENT, "elementwise")
 register(ZERO_OPS, zero, ZERO, "elementwise")
 
 
-register(("convert_element_type", "optimization_barrier", "device_put"),
+#: primitives that pass every operand through unchanged (casts, placement and naming annotations)
+IDENTITY_OPS = ("convert_element_type", "optimization_barrier", "device_put", "name", "sharding_constraint",
+                "layout_constraint", "reshard", "pvary")
+
+register(IDENTITY_OPS,
          lambda ctx: [ctx.sets(i) for i in range(len(ctx.ins))], LINEAR, "elementwise")
 
 

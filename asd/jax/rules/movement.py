@@ -132,3 +132,22 @@ def stack(ctx):
 
 
 register("stack", stack, LINEAR, "movement")
+
+
+def tile(ctx):
+    reps = tuple(ctx.params["reps"])
+    in_ids = ids(ctx.ins[0].shape)
+    return [take(ctx.sets(0), np.tile(in_ids.reshape((1,) * (len(reps) - in_ids.ndim) + in_ids.shape), reps))]
+
+
+register("tile", tile, LINEAR, "movement")
+
+
+def unstack(ctx):
+    s = ctx.sets(0)
+    axis = ctx.params["axis"]
+    in_ids = ids(ctx.ins[0].shape)
+    return [take(s, np.take(in_ids, k, axis=axis)) for k in range(in_ids.shape[axis])]
+
+
+register("unstack", unstack, LINEAR, "movement")

@@ -11,6 +11,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ...detection import sets as S
+from ..interpreter import Val
 from ..table import LINEAR, NONLINEAR, register
 from .movement import ids, pad_ids
 
@@ -149,3 +150,80 @@ def top_k(ctx):
 
 
 register("top_k", top_k, LINEAR, "reductions")
+
+
+def _reducer_dependencies(ctx, nops: int) -> np.ndarray:
+    """``R[k, j]``: whether result ``k`` of the generic ``reduce`` may depend on operand (and
+    initial value) ``j``. The reducer jaxpr is interpreted once on ``2 * nops`` one-element tags
+    (accumulators, then elements) and its accumulator feedback closed transitively."""
+    from ..interpreter import Interpreter
+
+    inner = Interpreter(2 * nops, local=False, strict=ctx.interp.strict)
+    tags = [Val((), ctx.ins[j % nops].dtype, S._csr(np.array([0, 1], dtype=S.INDEX), np.array([j], dtype=S.INDEX),
+                                                      (1, 2 * nops))) for j in range(2 * nops)]
+    outs = inner.run_closed(ctx.params["jaxpr"], tags)
+    D = np.zeros((nops, 2 * nops), dtype=bool)
+    for k, v in enumerate(outs):
+        if v.sets is not None:
+            D[k, v.sets.indices] = True
+    acc, elem = D[:, :nops], D[:, nops:]
+    reach = np.eye(nops, dtype=bool)
+    for _ in range(nops):  # paths through at most nops accumulators
+        reach = reach | (reach.astype(np.int64) @ acc.astype(np.int64) > 0)
+    return (reach.astype(np.int64) @ (elem | acc).astype(np.int64) > 0) | reach
+
+
+def reduce_generic(ctx):
+    """``lax.reduce`` with any reducer: result ``k`` is the union, over its reduction group, of the
+    operands it may depend on (read from the reducer jaxpr), plus their initial values."""
+    nops = len(ctx.eqn.outvars)
+    R = _reducer_dependencies(ctx, nops)
+    groups, m = group_of(ctx.ins[0].shape, ctx.params["dimensions"])
+    cols = np.arange(len(groups))
+    outs = []
+    for k in range(nops):
+        parts = []
+        for j in np.nonzero(R[k])[0]:
+            s, init = ctx.sets(j), ctx.sets(nops + j)
+            if s is not None:
+                parts.append(S.gather_union(s, groups, cols, m))
+            if init is not None:
+                parts.append(S.take_rows(init, np.zeros(m, dtype=np.int64)))
+        outs.append(S.union(parts, m, ctx.n) if parts else None)
+    return outs
+
+
+register("reduce", reduce_generic, NONLINEAR, "reductions")
+
+
+def _plain_windows(p: dict) -> dict:
+    nd = len(p["window_dimensions"])
+    return dict(p, base_dilation=p.get("base_dilation") or (1,) * nd,
+                window_dilation=p.get("window_dilation") or (1,) * nd)
+
+
+def select_and_gather_add(ctx):
+    """``select_and_gather_add(t, x)``: each window's element of ``t`` where ``x`` is extremal (the
+    JVP of a max/min pooling); the choice is piecewise constant in ``x``."""
+    s = ctx.sets(0)
+    if s is None:
+        return [None]
+    cols = window_pairs(ctx.ins[0].shape, ctx.out_shapes[0], _plain_windows(ctx.params))
+    rows = np.broadcast_to(np.arange(cols.shape[1]), cols.shape)
+    return [S.gather_union(s, rows, cols, ctx.out_size(0))]
+
+
+def select_and_scatter_add(ctx):
+    """``select_and_scatter_add(g, x)``: every window's ``g`` added onto the element of ``x`` it
+    selects (the VJP of a max/min pooling): an element of the result gathers the windows covering it."""
+    s = ctx.sets(0)
+    if s is None:
+        return [None]
+    cols = window_pairs(ctx.ins[1].shape, ctx.ins[0].shape, _plain_windows(ctx.params))
+    windows = np.broadcast_to(np.arange(cols.shape[1]), cols.shape)
+    inside = cols >= 0  # (window offsets that fall on padding select nothing)
+    return [S.gather_union(s, cols[inside], windows[inside], ctx.out_size(0))]
+
+
+register("select_and_gather_add", select_and_gather_add, LINEAR, "reductions")
+register("select_and_scatter_add", select_and_scatter_add, LINEAR, "reductions")

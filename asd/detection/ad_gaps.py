@@ -32,7 +32,6 @@ import torch
 
 __all__ = ["MODES", "Gap", "GAPS", "gaps_of", "unsafe_modes"]
 
-aten = torch.ops.aten
 
 MODES = ("forward", "batched_reverse", "reverse_over_forward", "forward_over_reverse")
 
@@ -57,25 +56,28 @@ def _prod(bound: dict) -> bool:
 
 _ROF = "PyTorch's double backward of {} through a JVP (grad of jvp) is wrong"
 
+# keyed by the qualified name of the op packet: some namespaces (torch_nn) register their ops late
 GAPS: dict = {
-    aten.scatter_reduce: (Gap("scatter_reduce", frozenset({"forward"}),
-                              "PyTorch's forward-mode derivative of scatter_reduce(reduce='prod') is zero", _prod),),
-    aten.scatter_reduce_: (Gap("scatter_reduce_", frozenset({"forward"}),
-                               "PyTorch's forward-mode derivative of scatter_reduce_(reduce='prod') is zero",
-                               _prod),),
-    aten._cdist_forward: (Gap("cdist", frozenset({"batched_reverse"}), "vmap of PyTorch's cdist backward is wrong"),
-                          Gap("cdist", frozenset({"forward"}), "PyTorch has no forward-mode derivative of cdist")),
-    **{getattr(aten, name): (Gap(name, frozenset({"reverse_over_forward"}), _ROF.format(name)),)
+    "aten::scatter_reduce": (Gap("scatter_reduce", frozenset({"forward"}),
+                                 "PyTorch's forward-mode derivative of scatter_reduce(reduce='prod') is zero", _prod),),
+    "aten::scatter_reduce_": (Gap("scatter_reduce_", frozenset({"forward"}),
+                                  "PyTorch's forward-mode derivative of scatter_reduce_(reduce='prod') is zero",
+                                  _prod),),
+    "aten::_cdist_forward": (Gap("cdist", frozenset({"batched_reverse"}), "vmap of PyTorch's cdist backward is wrong"),
+                             Gap("cdist", frozenset({"forward"}), "PyTorch has no forward-mode derivative of cdist")),
+    **{f"aten::{name}": (Gap(name, frozenset({"reverse_over_forward"}), _ROF.format(name)),)
        for name in ("native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
-                    "_native_batch_norm_legit_no_training", "_linalg_det", "_linalg_slogdet", "_linalg_solve_ex")
-       if hasattr(aten, name)},
+                    "_native_batch_norm_legit_no_training", "_linalg_det", "_linalg_slogdet", "_linalg_solve_ex",
+                    "linalg_householder_product", "linalg_eig", "_safe_softmax")},
+    **{f"torch_nn::{name}": (Gap(name, frozenset({"forward"}), f"PyTorch's forward-mode derivative of {name} is wrong"),)
+       for name in ("_linear_cross_entropy_batch_chunked", "_linear_cross_entropy_vocab_chunked")},
 }
 
 
 def gaps_of(func: torch._ops.OpOverload, bound: Callable[[], dict]) -> tuple:
     """The gaps a call of ``func`` falls into; ``bound()`` gives its bound arguments (only
     computed for the ops of the table)."""
-    entries = GAPS.get(func.overloadpacket)
+    entries = GAPS.get(func.overloadpacket._qualified_op_name)
     if not entries:
         return ()
     b = bound()

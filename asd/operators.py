@@ -183,7 +183,8 @@ class _SparseOperator:
         self.check_mode = check
         self._checked = False
         self.last_check: CheckReport | None = None
-        self._settled = backend is not None  # a backend the user chose is never replaced
+        self._user_backend = backend is not None  # a backend the user chose is never replaced
+        self._settled = self._user_backend  # the strategy has evaluated once
         if batch_size == "auto":
             m, n = coloring.shape
             batch_size = auto_batch_size(coloring.ncolors, n, m, x.element_size(), x.device)
@@ -197,7 +198,7 @@ class _SparseOperator:
         self._options = dict(batch_size=self.batch_size, compile=compile,
                              trace=self._make_tracing if check_bool("trace", trace) else None)
         self.ad_gap: str | None = None
-        coloring, backend = self._avoid_gaps(coloring, backend, user_backend=self._settled, explicit=explicit)
+        coloring, backend = self._avoid_gaps(coloring, backend, user_backend=self._user_backend, explicit=explicit)
         self._adopt(coloring, backend)
         self.fallback_reason: str | None = None
 
@@ -253,10 +254,11 @@ class _SparseOperator:
 
     def _evaluate(self, run: Callable, x: torch.Tensor, call_args=None):
         """``run(backend, state, decompressor, xf)`` under the evaluation lock and the module guard.
-        The first evaluation that torch.func refuses falls back to the next strategy that runs."""
+        An evaluation that torch.func refuses (at the first call, or at a later point where a
+        backward formula takes another branch) falls back to the next strategy that runs."""
         with EVAL_LOCK, self._guard.protect():
             self._call_args = call_args or self._prepared_args
-            if self._settled:
+            if self._user_backend:
                 return run(self.backend, self.state, self.decompressor, _private(x))
             try:
                 out = run(self.backend, self.state, self.decompressor, _private(x))

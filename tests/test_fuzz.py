@@ -908,6 +908,22 @@ def test_known_failure(kf):
     assert out.status not in FAILED, f"{out.status}: {out.detail}"
 
 
+# asd defects found by this test, each fixed: the example must stay right
+REGRESSIONS: tuple[tuple[str, Example], ...] = (
+    # vmap(vjp) ran at the first point; at the second PyTorch's prod backward reads `.data` under vmap:
+    # a settled operator must still fall back instead of raising
+    ("fallback_after_the_first_call",
+     Example(("mul_roll", "exp", "sqrt_abs", "cpair_real_imag", "mul_1j_abs", "floor_mul", "scatter_reduce_prod"), 4,
+             Jacobian("reverse", "natural", None, False, None), 1786)),
+)
+
+
+@pytest.mark.parametrize("name,ex", REGRESSIONS, ids=[name for name, _ in REGRESSIONS])
+def test_regressions(name, ex):
+    out = run_example(ex, skip_known=False)
+    assert out.status == "ok", f"{out.status}: {out.detail}"
+
+
 @pytest.mark.parametrize("name,ex", AD_GAP_EXAMPLES, ids=[name for name, _ in AD_GAP_EXAMPLES])
 def test_pytorch_ad_gaps_are_avoided(name, ex):
     """An explicit mode that meets a wrong PyTorch formula is replaced (with an ADGapWarning)."""

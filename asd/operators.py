@@ -38,6 +38,8 @@ MODES = ("auto", "forward", "reverse")
 HVP_MODES = ("auto", *HVP_BACKENDS)
 MAX_GPU_SUBSTITUTION_LEVELS = 64
 _MODE_OF = {ColumnColoring: "forward", RowColoring: "reverse", BiColoring: "bidirectional"}
+_HVP_NAMES = {**{cls: name for name, cls in HVP_BACKENDS.items()}, ReverseOverReverseHVP: "reverse_over_reverse",
+              AutogradLoop: "double_backward"}
 CHECKS = (False, "first", True)
 
 # PyTorch's forward-AD levels are process-global: two threads inside forward-mode transforms at
@@ -159,14 +161,21 @@ class _SparseOperator:
         """``self.pattern``: detected (``detect()`` returns the pattern and the trace's
         :class:`~asd.detection.torch_tracer.TraceInfo`), or the user's ``given`` pattern checked by
         ``conform``. ``self.unsafe``: the AD modes the trace rules out
-        (:func:`asd.detection.ad_gaps.unsafe_modes`)."""
+        (:func:`asd.detection.ad_gaps.unsafe_modes`); with a given pattern ``f`` is still traced
+        once for them (a function the tracer cannot follow leaves them unknown, and the probe on)."""
         t0 = time.perf_counter()
         self._user_pattern = given is not None
         with self._guard.protect(always=True):  # preparing leaves no trace in the user's modules
             if given is None:
                 self.pattern, self.trace_info = detect()
             else:
-                self.pattern, self.trace_info = conform(as_pattern(given, name="pattern")), None
+                self.pattern = conform(as_pattern(given, name="pattern"))
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        self.trace_info = detect()[1]
+                except Exception:  # noqa: BLE001 - not traceable: the modes stay unknown
+                    self.trace_info = None
         self.unsafe = unsafe_modes(self.trace_info)
         self.timings["detection"] = time.perf_counter() - t0
 
@@ -265,6 +274,8 @@ class _SparseOperator:
             except Exception as exc:  # noqa: BLE001 - refused by torch.func: try the other strategies
                 if isinstance(exc, AsdError) and not isinstance(exc, TransformUnsupported):
                     raise
+                if self._settled:
+                    self._raise_if_f_fails(x)
                 first, reason = self.strategy, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 last = exc
                 for make in self._fallbacks():
@@ -288,6 +299,15 @@ class _SparseOperator:
                     raise last from (exc if last is not exc else None)
             self._settled = True
             return out
+
+    def _raise_if_f_fails(self, x: torch.Tensor) -> None:
+        """Raise ``f``'s own error at ``x`` (not a transform's): a strategy that ran before is only
+        replaced when ``f`` itself runs here."""
+        with torch.enable_grad():
+            xr = _private(x)
+            if xr.is_floating_point():
+                xr.requires_grad_(True)
+            self._g(xr)
 
     def _check(self, x) -> None:
         _check_call_input(x, self.shape, self.dtype, self.device, self._what)
@@ -361,8 +381,10 @@ class _SparseOperator:
         self._checked = True
         if not report.ok:
             raise CheckError(f"{self._what} failed its cross-mode check at this x ({report}). The sparsity "
-                             "pattern does not hold here or the function changed since preparation: prepare "
-                             "the operator again (for local=True at this point), or pass local=False.")
+                             "pattern does not hold here, the function changed since preparation, or one of "
+                             "PyTorch's derivative formulas is wrong for it in this AD mode: prepare the "
+                             "operator again (for local=True at this point), pass local=False, or try another "
+                             "mode= / hvp=.")
 
     def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         """The derivative at ``x`` as a ``torch.sparse_csr`` tensor (``args``/``kwargs``: ``f``'s extra
@@ -582,11 +604,11 @@ class SparseHessian(_SparseOperator):
             max_levels=None if x.device.type == "cpu" else MAX_GPU_SUBSTITUTION_LEVELS))
         _warn_if_dense(result, self.pattern)
         explicit = hvp != "auto"
-        self.hvp = "forward_over_reverse" if hvp == "auto" else hvp
+        self._hvp = "forward_over_reverse" if hvp == "auto" else hvp
         self._g = self._flat(f)
         self._compile = compile
         check = _check_option(check, default=local or self._user_pattern)
-        self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[self.hvp],
+        self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[self._hvp],
                     explicit=explicit)
 
     def _fallbacks(self):
@@ -598,6 +620,14 @@ class SparseHessian(_SparseOperator):
 
     def _flat(self, f: Callable) -> Callable:
         return scalar_function(self._bound(f), self.shape)
+
+    @property
+    def hvp(self) -> str:
+        """The Hessian-vector-product flavour evaluated now: ``"forward_over_reverse"``,
+        ``"reverse_over_forward"``, ``"reverse_over_reverse"`` or ``"double_backward"`` (the
+        autograd loop); it differs from the one asked for where that would meet an AD gap."""
+        backend = getattr(self, "backend", None)
+        return _HVP_NAMES.get(type(getattr(backend, "inner", backend)), self._hvp)
 
     def value_grad_hessian(self, x: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(f(x), grad f(x), Hessian)``: from one batched forward-over-reverse evaluation when that

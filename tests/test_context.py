@@ -119,6 +119,7 @@ def test_scatter_reduce_prod_hessian(x, hvp):
         warnings.simplefilter("ignore", asd.ADGapWarning)
         op = _quiet(lambda: asd.prepare_hessian(f, x, hvp=hvp))
     torch.testing.assert_close(op(x).to_dense(), _dense_hessian(f, x))
+    assert op.hvp in ("reverse_over_reverse", "double_backward")  # what runs, not what was asked
 
 
 def test_scatter_reduce_sum_keeps_forward_mode(x):
@@ -215,3 +216,62 @@ def test_probe_of_a_zero_derivative_is_not_a_false_alarm(x):
     unit = lambda z: torch.view_as_real(torch.exp(1j * z)).pow(2).sum(-1)  # |exp(iz)|^2 = 1  # noqa: E731
     op = _quiet(lambda: asd.prepare_jacobian(unit, x, mode="reverse", check=True))
     assert op(x).to_dense().abs().max() < 1e-12 and op.last_check.ok
+
+
+ENERGIES = {
+    "exp": lambda p: torch.exp(p).sum(),  # backward reads the saved output
+    "tanh_pairs": lambda p: torch.tanh(p.reshape(4, 2)).prod(1).sum(),  # tanh_backward: a decomposition
+    "sigmoid": lambda p: torch.sigmoid(p).pow(3).sum(),
+    "layer_norm": lambda p: (F.layer_norm(p.reshape(2, 4), (4,)) ** 3).sum(),
+    "slices": lambda p: (p[1:] ** 3 * p[:-1]).sum(),
+    "unfold": lambda p: p.unfold(0, 2, 1).prod(-1).sum(),
+    "softplus": lambda p: F.softplus(p).sum(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENERGIES))
+def test_force_fields_through_every_backward(x, name):
+    """Forces by autograd inside f: backward ops traced through saved outputs and decompositions."""
+    energy = ENERGIES[name]
+
+    def forces_of(p):
+        if not p.requires_grad:
+            p = p.detach().requires_grad_()
+        return -torch.autograd.grad(energy(p), p, create_graph=True)[0]
+
+    dense = _dense_jacobian(forces_of, x)
+    op = _quiet(lambda: asd.prepare_jacobian(forces_of, x))
+    torch.testing.assert_close(op(x).to_dense(), dense)
+    pattern = torch.as_tensor(op.pattern.to_scipy().toarray())
+    assert not ((dense.abs() > 1e-12) & ~pattern).any()
+
+
+def test_decomposed_forward_op_keeps_its_dependencies(x):
+    """``_weight_norm`` is traced through PyTorch's decomposition: its intermediates are untracked
+    below autograd, not detached."""
+    z = torch.rand(15, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def f(v):
+        v = v.reshape(5, 3)
+        return torch._weight_norm(v, v[:, :1].abs() + 1, 0)
+
+    op = _quiet(lambda: asd.prepare_jacobian(f, z))
+    torch.testing.assert_close(op(z).to_dense(), _dense_jacobian(f, z).reshape(15, 15))
+
+
+def test_detach_is_a_constant_where_it_is_used(x):
+    assert asd.jacobian_sparsity(lambda z: z.detach() * z, x).nnz == x.numel()
+    assert asd.jacobian_sparsity(lambda z: z.detach() + 0 * z, x).nnz == x.numel()  # 0 * z keeps z's set
+    assert asd.jacobian_sparsity(lambda z: z.detach().roll(1) * 1.0, x).nnz == 0
+
+
+@pytest.mark.parametrize("dtype,scale", [(torch.float64, 1e-13), (torch.float32, 1e-6)])
+def test_probe_catches_a_wrong_pattern_of_a_small_scale_function(dtype, scale):
+    """The probe's rounding allowance follows the function's scale, not an absolute number."""
+    import numpy as np
+
+    f = lambda z: scale * (z * z.roll(1))  # noqa: E731 - two nonzeros per row
+    z = torch.rand(6, dtype=dtype, generator=torch.Generator().manual_seed(0)) + 0.5
+    op = asd.prepare_jacobian(f, z, pattern=np.eye(6, dtype=bool))  # a wrong user pattern: checked
+    with pytest.raises(asd.CheckError):
+        op(z)

@@ -281,3 +281,34 @@ def test_under_torchrun(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert sorted(line for line in out.stdout.splitlines() if line.startswith("rank")) == [
         "rank 0 of 2 ok", "rank 1 of 2 ok"]
+
+
+def test_known_ad_gaps_are_avoided_or_refused():
+    """The products avoid the AD modes rank 0's trace ruled out (asd.detection.ad_gaps); where no
+    batched product is right, the operator refuses instead of returning a wrong matrix."""
+    import warnings
+
+    _init(0, 1, _free_port())
+    try:
+        x = torch.rand(24, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        idx = torch.tensor([0, 0, 1, 1, 2, 2, 0, 1] * 3)
+
+        def g(z):
+            return (torch.zeros(3, dtype=z.dtype).scatter_reduce(0, idx, z, "prod", include_self=False) ** 2).sum()
+
+        H = torch.func.jacrev(torch.func.jacrev(g))(x)  # reverse over reverse: no forward formula
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            op = asd.distributed.prepare_hessian(g, x)
+            torch.testing.assert_close(op(x).to_dense(), H)
+            with pytest.warns(asd.ADGapWarning, match="scatter_reduce"):
+                op = asd.distributed.prepare_hessian(g, x, hvp="forward_over_reverse")
+            torch.testing.assert_close(op(x).to_dense(), H)
+
+            def f(z):
+                return torch.cdist(z.reshape(2, 4, 3), z.reshape(2, 4, 3)[:, :2] * 0.5 + 1).reshape(-1)
+
+            with pytest.raises(asd.InputError, match="cdist"):
+                asd.distributed.prepare_jacobian(f, x)
+    finally:
+        dist.destroy_process_group()

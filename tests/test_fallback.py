@@ -101,3 +101,24 @@ def test_autograd_loop_backend_on_hessians(coloring):
     x = torch.rand(9, dtype=torch.float64)
     op = asd.prepare_hessian(f, x, coloring=coloring, backend=AutogradLoop())
     torch.testing.assert_close(op(x).to_dense(), torch.autograd.functional.hessian(f, x))
+
+
+def test_a_later_error_of_f_itself_is_raised_not_retried():
+    """After a strategy has run, an error that ``f`` raises at a new point is ``f``'s own: it is
+    raised as it is, and the operator keeps its strategy."""
+    calls = {"n": 0, "fail": False}
+
+    def f(z):
+        calls["n"] += 1
+        if calls["fail"]:
+            raise ValueError("outside the model's domain")
+        return z[1:] * z[:-1]
+
+    x = torch.rand(6, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, trace=False)
+    op(x)
+    strategy, before = op.strategy, calls["n"]
+    calls["fail"] = True
+    with pytest.raises(ValueError, match="domain"):
+        op(x)
+    assert op.strategy == strategy and calls["n"] - before <= 2  # the batched try and one plain call

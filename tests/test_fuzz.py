@@ -590,8 +590,18 @@ def _scale(R):
     return max(1.0, float(R.abs().max())) if R.numel() else 1.0
 
 
-def _close(A, R) -> bool:
-    return A.shape == R.shape and bool(((A - R).abs() <= RTOL * _scale(R)).all())
+def _close(A, R, hessian: bool = False) -> bool:
+    return A.shape == R.shape and bool(((A - R).abs() <= _allowance(R, hessian)).all())
+
+
+def _allowance(R, hessian: bool = False) -> float:
+    """``RTOL`` of the reference's scale; for a Hessian at least the reference's own asymmetry: an
+    ill-conditioned function's computed Hessian is symmetric only to that level (2e-5 relative seen
+    at values of 6e7), and symmetric decompression reads one triangle."""
+    tol = RTOL * _scale(R)
+    if hessian and torch.isfinite(R).all():
+        tol = max(tol, 2 * float((R - R.T).abs().max()))
+    return tol
 
 
 def _finite(A):
@@ -599,13 +609,13 @@ def _finite(A):
     return torch.where(torch.isfinite(A), A, torch.full_like(A, 1e300))
 
 
-def _describe(A, R) -> str:
+def _describe(A, R, hessian: bool = False) -> str:
     if A.shape != R.shape:
         return f"shape {tuple(A.shape)} != reference {tuple(R.shape)}"
     err = torch.nan_to_num((A - R).abs(), nan=float("inf"))
     i = int(err.argmax())
     r, c = divmod(i, R.shape[1])
-    wrong = [tuple(p) for p in (err > RTOL * _scale(R)).nonzero().tolist()][:8]
+    wrong = [tuple(p) for p in (err > _allowance(R, hessian)).nonzero().tolist()][:8]
     return (f"max error {float(err.max()):.3g} at ({r}, {c}): asd {float(A[r, c]):.6g}, reference "
             f"{float(R[r, c]):.6g}; wrong entries {wrong}")
 
@@ -702,7 +712,8 @@ def _own_mode(ex: Example, op) -> str:
 def _wrong(ex: Example, op, A, refs, where: str) -> Outcome | None:
     """A mismatch outcome when ``A`` differs from the canonical reference, else None."""
     key = canonical(ex)
-    if _close(A, refs[key]):
+    hessian = isinstance(ex.derivative, Hessian)
+    if _close(A, refs[key], hessian):
         return None
     own = _own_mode(ex, op)
     if own in refs and not bool(torch.isfinite(refs[own]).all()) and not bool(torch.isfinite(A).all()):
@@ -711,7 +722,7 @@ def _wrong(ex: Example, op, A, refs, where: str) -> Outcome | None:
         return Outcome("torch_limitation", f"{where}: the dense {own} is not finite and neither is asd's")
     same = f"; the dense {own} gives the same wrong value (PyTorch's error, asd inherits it)" \
         if own != key and own in refs and _close(_finite(A), _finite(refs[own])) else ""
-    return Outcome("mismatch", f"{where}, against the dense {key}: {_describe(A, refs[key])}{same}")
+    return Outcome("mismatch", f"{where}, against the dense {key}: {_describe(A, refs[key], hessian)}{same}")
 
 
 def _same_mode_reference_missing(ex: Example, refs) -> bool:
@@ -728,7 +739,7 @@ def _false_alarm(ex: Example, f, x, refs, exc) -> str:
         return ""
     try:
         op = replace(ex.derivative, check=False).prepare(f, x)
-        right = _close(op(x).to_dense(), refs[canonical(ex)])
+        right = _close(op(x).to_dense(), refs[canonical(ex)], isinstance(ex.derivative, Hessian))
     except Exception:  # noqa: BLE001
         return ""
     return " (false alarm, the values were right)" if right else " (caught a wrong value)"

@@ -238,6 +238,7 @@ class Tracer:
         self.no_grad_cut = False
         self.calls_autograd = False
         self.gaps: set = set()
+        self._decomposing = 0
         self._input_storages: list[Storage] = []
 
     def info(self) -> TraceInfo:
@@ -321,7 +322,10 @@ class Tracer:
         if func in _SCALAR_OPS:
             return self._scalar(func, args, kwargs, traced)
         if func is aten.detach.default and traced:
-            return self.constant(args[0].primal.detach())
+            # an alias that keeps its sets: autograd also detaches the outputs it saves for backward
+            # and unpacks them tracked again; whether a use is cut is decided there (``detached``)
+            a = args[0]
+            return TracedTensor(a._storage, a.primal.detach(), a._idx, self.device)
 
         if not traced:
             out = func(*args, **kwargs)
@@ -333,7 +337,12 @@ class Tracer:
                 "matrices from constants only, or keep input-dependent values dense")
         decompose = _decomposition(func)
         if decompose is not None:  # traced through the ops it decomposes into, each by its rule
-            return decompose(*args, **kwargs)
+            # below autograd: the decomposition's intermediates are untracked, yet not detached
+            self._decomposing += 1
+            try:
+                return decompose(*args, **kwargs)
+            finally:
+                self._decomposing -= 1
         any_meta = any(t.primal.is_meta for t in traced)
         mutated = _mutated_args(func)
         if mutated:
@@ -414,7 +423,8 @@ class Tracer:
         ``create_graph``). Its index sets are then cut, and the trace notes it (``no_grad_cut``).
         While recording is off (inside a no_grad region or an ``autograd.Function``'s forward) sets
         propagate as usual: what counts is whether the result is tracked where it is used."""
-        if t.requires_grad or not torch.is_grad_enabled() or not is_differentiable_dtype(t.dtype):
+        if (t.requires_grad or self._decomposing or not torch.is_grad_enabled()
+                or not is_differentiable_dtype(t.dtype)):
             return False
         if t.sets.nnz:
             self.no_grad_cut = True

@@ -24,15 +24,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import warnings
+
 from ..backends import HVP_BACKENDS, BatchedProducts, ForwardJVP, ReverseVJP, flatten_function, scalar_function
+from ..backends.hvp import ReverseOverReverseHVP
 from ..coloring.result import ColumnSeeds
 from ..decompression.device import Decompressor
 from ..decompression.plans import DirectPlan, SubstitutionPlan
 from ..detection.jacobian import check_input
-from ..errors import AsdError, InputError
+from ..errors import ADGapWarning, AsdError, InputError
 from ..guards import ModuleStateGuard
 from ..memory import auto_batch_size
-from ..operators import EVAL_LOCK, SparseHessian, SparseJacobian, _check_call_input, check_context
+from ..operators import EVAL_LOCK, HVP_MODES, SparseHessian, SparseJacobian, _check_call_input, check_context
 from ..options import check_batch_size, check_bool, check_choice
 from ..patterns import SparsityPattern
 from . import layout
@@ -73,6 +76,7 @@ class _Prepared:
     coloring: object
     shape: tuple
     dtype: torch.dtype
+    unsafe: dict  # AD modes the trace ruled out (asd.detection.ad_gaps.unsafe_modes)
 
 
 #: options of the single-process operators that a distributed operator does not take
@@ -111,7 +115,7 @@ def _broadcast_preparation(make: Callable, x: torch.Tensor, group, rank: int, sr
     if rank == 0:
         try:
             op = make()
-            box[0] = _Prepared(op.pattern, op.coloring, tuple(x.shape), x.dtype)
+            box[0] = _Prepared(op.pattern, op.coloring, tuple(x.shape), x.dtype, dict(op.unsafe))
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks are told
             error = exc
             box[0] = f"{type(exc).__name__}: {exc}"
@@ -235,6 +239,7 @@ class DistributedOperator:
         self.group, self.rank, self.world_size, self._src = group, rank, world, src
         self.output = OUTPUTS[output]
         self.pattern, self.coloring = prepared.pattern, prepared.coloring
+        self.unsafe = prepared.unsafe
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
         self._prepared_args = (args, dict(kwargs or {}))
         self._call_args = self._prepared_args
@@ -276,6 +281,23 @@ class DistributedOperator:
     def _backend_for(self, block):
         """The single-direction backend whose ``batched`` products evaluate ``block``'s seeds."""
         raise NotImplementedError
+
+    def _safe(self, candidates: list, explicit: bool = False):
+        """The first backend of ``candidates`` that needs none of the AD modes the trace ruled out
+        (:mod:`asd.detection.ad_gaps`); an explicit first choice that is passed over warns. Batched
+        products are all a distributed operator evaluates: with none safe, it refuses."""
+        for i, cls in enumerate(candidates):
+            clash = sorted(set(cls.modes) & set(self.unsafe))
+            if not clash:
+                if i and explicit:
+                    warnings.warn(f"asd: {candidates[0].name} would be wrong for this function: "
+                                  f"{self.unsafe[sorted(set(candidates[0].modes) & set(self.unsafe))[0]]}; "
+                                  f"using {cls.name}", ADGapWarning, stacklevel=5)
+                return cls()
+        mode = sorted(set(candidates[-1].modes) & set(self.unsafe))[0]
+        raise InputError(f"{self._what} evaluates batched products, and every one it has would be wrong for this "
+                         f"function: {self.unsafe[mode]} ({mode} mode). Use asd.prepare_jacobian / "
+                         "asd.prepare_hessian in one process, which falls back to plain autograd.")
 
     @property
     def ncolors(self) -> int:
@@ -378,7 +400,7 @@ class DistributedJacobian(DistributedOperator):
                          compile=compile, args=args, kwargs=kwargs)
 
     def _backend_for(self, block):
-        return ForwardJVP() if isinstance(block, ColumnSeeds) else ReverseVJP()
+        return self._safe([ForwardJVP] if isinstance(block, ColumnSeeds) else [ReverseVJP])
 
 
 class DistributedHessian(DistributedOperator):
@@ -387,17 +409,21 @@ class DistributedHessian(DistributedOperator):
     _what = "this DistributedHessian"
 
     def __init__(self, f: Callable, x: torch.Tensor, *, output: str = "replicated", group=None,
-                 hvp: str = "forward_over_reverse", batch_size: int | str | None = None, compile: bool = False,
+                 hvp: str = "auto", batch_size: int | str | None = None, compile: bool = False,
                  args: tuple = (), kwargs: dict | None = None, **options):
-        check_choice("hvp", hvp, tuple(HVP_BACKENDS))
+        check_choice("hvp", hvp, HVP_MODES)
         self.hvp = hvp
         _refuse(options)
 
         def make():
-            return SparseHessian(f, x, hvp=hvp, args=args, kwargs=kwargs, check=False, trace=False, **options)
+            return SparseHessian(f, x, args=args, kwargs=kwargs, check=False, trace=False, **options)
 
         super().__init__(f, x, make, scalar_function, output=output, group=group, batch_size=batch_size,
                          compile=compile, args=args, kwargs=kwargs)
 
     def _backend_for(self, block):
-        return HVP_BACKENDS[self.hvp]()
+        flavours = [*HVP_BACKENDS.values(), ReverseOverReverseHVP]
+        if self.hvp != "auto":
+            flavours.remove(HVP_BACKENDS[self.hvp])
+            flavours.insert(0, HVP_BACKENDS[self.hvp])
+        return self._safe(flavours, explicit=self.hvp != "auto")

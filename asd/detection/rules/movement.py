@@ -5,17 +5,21 @@ argument; 0 means "no input", so zero-filling ops such as ``tril`` or constant p
 empty sets), every ``Scalar`` argument by 0, and the op is run for real. Each output element then
 names the one argument element it was copied from. Integer and boolean arguments (indices,
 masks) are passed with their real values; under global tracing a selector whose values are
-unknown either makes the op a union (``where``, ``masked_fill``) or raises :class:`TracingError`
-(indexing with indices computed from the input).
+unknown makes the op a union: a mask (``where``, ``masked_fill``) selects either operand, and an
+index computed from the input (``x[i, x.argmax(1)]``, ``scatter`` at an ``argmax``) is taken to be
+any valid index along the dimension it addresses, with a warning (:func:`unknown_selection`).
 """
 
 from __future__ import annotations
+
+import itertools
+import warnings
 
 import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ...errors import TracingError
+from ...errors import UnsupportedOpWarning
 from .. import sets as S
 from .._core import Call, TracedTensor, is_differentiable_dtype
 from ..table import aten_ops, register_rule
@@ -36,8 +40,10 @@ def _scalar_arg_names(func) -> set[str]:
             if str(a.type) in ("Scalar", "Optional[Scalar]", "number", "Optional[number]")}
 
 
-def _id_call(call: Call, id_dtype: torch.dtype, data_value=None):
-    """Run the op with id tensors in place of data tensors; returns (outputs, stacked sets)."""
+def _id_call(call: Call, id_dtype: torch.dtype, data_value=None, subst: dict | None = None):
+    """Run the op with id tensors in place of data tensors; returns (outputs, stacked sets).
+
+    ``subst`` maps ``id(selector)`` to the values used for a selector whose values are unknown."""
     func = call.func
     scalar_names = _scalar_arg_names(func)
     schema_args = func._schema.arguments
@@ -61,6 +67,8 @@ def _id_call(call: Call, id_dtype: torch.dtype, data_value=None):
         else:
             p = a
         if isinstance(p, torch.Tensor) and p.is_meta:
+            if subst is not None and id(a) in subst:
+                return subst[id(a)]
             raise _UnknownSelector(a)
         if isinstance(p, torch.Tensor) and p.device.type != "cpu":
             p = p.cpu()
@@ -102,11 +110,11 @@ def _ids_to_sets(call: Call, out, stacked) -> list:
     return res
 
 
-def run_on_ids(call: Call):
+def run_on_ids(call: Call, subst: dict | None = None):
     """Output sets of a pure data-movement op, or ``None`` if the op cannot run on ids."""
     for dtype in (torch.int64, torch.float64):
         try:
-            out, stacked = _id_call(call, dtype)
+            out, stacked = _id_call(call, dtype, subst=subst)
         except _UnknownSelector:
             raise
         except (RuntimeError, NotImplementedError, TypeError):
@@ -127,30 +135,103 @@ def movement(call: Call) -> list:
     return res
 
 
+#: most index values enumerated for the selectors of one op with unknown indices
+MAX_CHOICES = 4096
+
+
+def _is_unknown(t) -> bool:
+    p = t.primal if isinstance(t, TracedTensor) else t
+    return isinstance(p, torch.Tensor) and p.is_meta and not is_differentiable_dtype(p.dtype)
+
+
+def selector_ranges(call: Call) -> list[tuple[torch.Tensor, int]] | None:
+    """The index arguments of ``call`` whose values are unknown, each with the number of values it
+    can take (the size of the dimension it addresses), or ``None`` when an unknown selector is not
+    an index into a known dimension (a boolean mask)."""
+    b = call.bound()
+    name = call.func.overloadpacket.__name__.strip("_")
+    x = b.get("self", b.get("weight"))
+    found: list[tuple[torch.Tensor, int]] = []
+    if name in ("index", "index_put", "index_put_impl", "unsafe_masked_index"):
+        for i, t in enumerate(b["indices"]):
+            if t is not None and _is_unknown(t):
+                if t.dtype in (torch.bool, torch.uint8):
+                    return None
+                found.append((t, x.shape[i]))
+    elif name in ("take", "put"):
+        found.append((b["index"], x.numel()))
+    elif name == "take_along_dim":
+        d = b.get("dim")
+        found.append((b["indices"], x.numel() if d is None else x.shape[d]))
+    elif name == "embedding":
+        found.append((b["indices"], b["weight"].shape[0]))
+    elif "dim" in b and isinstance(b.get("index"), torch.Tensor):
+        found.append((b["index"], x.shape[b["dim"]] if x.dim() else 1))
+    found = [(t, r) for t, r in found if _is_unknown(t)]
+    tensors = [t for t in tree_flatten((call.args, call.kwargs))[0] if isinstance(t, torch.Tensor)]
+    if sum(_is_unknown(t) for t in tensors) != len(found):
+        return None
+    return found
+
+
+def index_choices(call: Call) -> list[dict] | None:
+    """Substitutions (``id(selector) -> values``) that give every unknown index each value it can
+    take, one constant at a time (their product over several selectors), or ``None`` when there are
+    more than :data:`MAX_CHOICES` or an unknown selector is no index."""
+    ranges = selector_ranges(call)
+    if not ranges or int(np.prod([max(r, 1) for _, r in ranges])) > MAX_CHOICES:
+        return None
+    choices = []
+    for values in itertools.product(*[range(max(r, 1)) for _, r in ranges]):
+        choices.append({id(t): torch.full(tuple(t.shape), v, dtype=t.dtype) for (t, _), v in zip(ranges, values)})
+    return choices
+
+
+def warn_unknown_indices(call: Call) -> None:
+    warnings.warn(
+        f"asd: {call.func} indexes with values computed from the input, unknown under global tracing; "
+        "every valid index is assumed (a sound but denser pattern). Pass local=True for the pattern "
+        "at a point.", UnsupportedOpWarning, stacklevel=2)
+
+
 def unknown_selection(call: Call) -> list:
     """Indices computed from the input (unknown under global tracing): the output shape is known,
-    so every output element may read any element the indices could select. ``gather`` and
-    ``take_along_dim`` select along one dim; other ops may select anything."""
+    and each unknown index may take any value along the dimension it addresses, so an output element
+    depends on every element it could select: the union of the patterns over those values.
+    Selectors that are no index, or too many choices, fall back to the conservative rule."""
+    warn_unknown_indices(call)
     b = call.bound()
     name = call.func.overloadpacket.__name__
     if name in ("gather", "take_along_dim") and b.get("dim") is not None:
-        x = b["self"]
-        s = call.sets(x)
-        if s is None:
-            return [None] * len(call.outs)
-        d = b["dim"] % max(x.dim(), 1)
-        groups, ngroups = group_ids(tuple(x.shape), [d])
-        u = S.gather_union(s, groups, np.arange(x.numel()), ngroups)
-        out = call.outs[0]
-        oshape = list(out.shape)
-        kept = [1 if i == d else sz for i, sz in enumerate(x.shape)]
-        # output position -> group of the same coordinates outside ``dim`` (index may be smaller)
-        pos = torch.arange(ngroups, dtype=torch.int64).reshape(kept)
-        idx = [torch.arange(oshape[i]) if i != d else torch.zeros(1, dtype=torch.int64) for i in range(len(oshape))]
-        og = pos[torch.meshgrid(*idx, indexing="ij")] if oshape else pos
-        og = og.expand(oshape).reshape(-1).numpy()
-        return [S.take_rows(u, og)] + [None] * (len(call.outs) - 1)
-    return conservative(call)
+        return _along_dim_union(call, b)
+    choices = index_choices(call)
+    if choices is None:
+        return conservative(call)
+    results = [run_on_ids(call, subst) for subst in choices]
+    if any(r is None for r in results):
+        return conservative(call)
+    return [None if parts[0] is None else S.union(list(parts), o.numel(), call.n)
+            for o, parts in zip(call.outs, zip(*results))]
+
+
+def _along_dim_union(call: Call, b: dict) -> list:
+    """gather / take_along_dim at unknown positions: the union over ``dim``, in one step."""
+    x = b["self"]
+    s = call.sets(x)
+    if s is None:
+        return [None] * len(call.outs)
+    d = b["dim"] % max(x.dim(), 1)
+    groups, ngroups = group_ids(tuple(x.shape), [d])
+    u = S.gather_union(s, groups, np.arange(x.numel()), ngroups)
+    out = call.outs[0]
+    oshape = list(out.shape)
+    kept = [1 if i == d else sz for i, sz in enumerate(x.shape)]
+    # output position -> group of the same coordinates outside ``dim`` (index may be smaller)
+    pos = torch.arange(ngroups, dtype=torch.int64).reshape(kept)
+    idx = [torch.arange(oshape[i]) if i != d else torch.zeros(1, dtype=torch.int64) for i in range(len(oshape))]
+    og = pos[torch.meshgrid(*idx, indexing="ij")] if oshape else pos
+    og = og.expand(oshape).reshape(-1).numpy()
+    return [S.take_rows(u, og)] + [None] * (len(call.outs) - 1)
 
 
 def selection(call: Call) -> list:
@@ -202,7 +283,8 @@ def view_ids(call: Call, base: TracedTensor) -> list[np.ndarray] | None:
     except (RuntimeError, NotImplementedError, TypeError):
         return None
     flat, _ = tree_flatten(out)
-    return [t.reshape(-1).numpy() for t in flat if isinstance(t, torch.Tensor)]
+    # ``to(dtype)`` aliases its input when the dtype already matches, and converts the ids with it
+    return [t.reshape(-1).to(torch.int64).numpy() for t in flat if isinstance(t, torch.Tensor)]
 
 
 MOVEMENT_OPS = aten_ops(
@@ -236,65 +318,79 @@ def _positions(shape) -> torch.Tensor:
     return torch.arange(int(np.prod(shape)) if len(shape) else 1, dtype=torch.int64).reshape(shape)
 
 
-def _known(t):
+def _values(t, subst: dict):
+    """The values of selector ``t``: its own, or the substitute for unknown ones."""
     p = t.primal if isinstance(t, TracedTensor) else t
     if isinstance(p, torch.Tensor) and p.is_meta:
-        raise TracingError("scatter indices computed from the input are unknown under global tracing; "
-                           "pass local=True to trace at a point")
+        return subst[id(t)]
     return p.cpu() if isinstance(p, torch.Tensor) else p
+
+
+def _write_map(b: dict, name: str, subst: dict):
+    """(source, target position of each written element, source element of each) of a scatter-like
+    op; the source ids are ``None`` for a scalar source."""
+    pos = _positions(tuple(b["self"].shape))
+    if name in ("index_add", "index_reduce"):
+        src = b["source"]
+        return src, torch.index_select(pos, b["dim"], _values(b["index"], subst)), _positions(tuple(src.shape))
+    if name in ("scatter_add", "scatter_reduce", "scatter"):
+        src = b.get("src")
+        index = _values(b["index"], subst)
+        tgt = torch.gather(pos, b["dim"], index)
+        if src is None or not isinstance(src, torch.Tensor):  # scatter.value_reduce: a scalar source
+            return src, tgt, None
+        return src, tgt, _positions(tuple(src.shape))[tuple(slice(0, s) for s in index.shape)]
+    if name == "index_put":
+        src = b["values"]
+        tgt = pos[tuple(_values(i, subst) if i is not None else None for i in b["indices"])]
+        return src, tgt, _positions(tuple(src.shape)).broadcast_to(tgt.shape)
+    src = b["source"]  # put
+    return src, pos.reshape(-1)[_values(b["index"], subst).reshape(-1)], _positions(tuple(src.shape)).reshape(-1)
 
 
 def accumulate(call: Call) -> list:
     """index_add, scatter_add, scatter_reduce, index_reduce, put and index_put (accumulating or not),
-    scatter (with or without ``reduce``). Overwriting writes with distinct targets are pure movement."""
+    scatter (with or without ``reduce``). Overwriting writes with distinct targets are pure movement.
+    Indices computed from the input (unknown under global tracing) may take any value: the union
+    over every choice, and the target keeps its own sets (it may not be written)."""
     b = call.bound()
-    f = call.func.overloadpacket
-    name = f.__name__.rstrip("_")
+    name = call.func.overloadpacket.__name__.strip("_").replace("index_put_impl", "index_put")
     overwrite = ((name in ("index_put", "put") and not b.get("accumulate"))
                  or (name == "scatter" and b.get("reduce") is None))
     if overwrite and (name == "scatter" and not isinstance(b.get("src"), torch.Tensor)):
         return movement(call)
-    out = call.outs[0]
-    self_ = b["self"]
-    pos = _positions(tuple(self_.shape))
-    if name in ("index_add", "index_reduce"):
-        src = b["source"]
-        tgt = torch.index_select(pos, b["dim"], _known(b["index"]))
-        src_ids = _positions(tuple(src.shape))
-    elif name in ("scatter_add", "scatter_reduce", "scatter"):
-        src = b.get("src")
-        index = _known(b["index"])
-        tgt = torch.gather(pos, b["dim"], index)
-        if src is None or not isinstance(src, torch.Tensor):  # scatter.value_reduce: a scalar source
-            src_ids = None
-        else:
-            src_ids = _positions(tuple(src.shape))[tuple(slice(0, s) for s in index.shape)]
-    elif name == "index_put":
-        src = b["values"]
-        indices = [_known(i) if i is not None else None for i in b["indices"]]
-        tgt = pos[tuple(indices)]
-        src_ids = _positions(tuple(src.shape)).broadcast_to(tgt.shape)
-    else:  # put
-        src = b["source"]
-        tgt = pos.reshape(-1)[_known(b["index"]).reshape(-1)]
-        src_ids = _positions(tuple(src.shape)).reshape(-1)
-    if overwrite:
+    unknown = selector_ranges(call)
+    if unknown is None or unknown:
+        warn_unknown_indices(call)
+        choices = index_choices(call)
+        if choices is None:
+            return conservative(call)
+    else:
+        choices = [{}]
+    maps = [_write_map(b, name, subst) for subst in choices]
+    src = maps[0][0]
+    if overwrite and not unknown:
+        tgt = maps[0][1]
         if len(np.unique(tgt.reshape(-1).numpy())) == tgt.numel():
             return movement(call)
         # Several writes to one place: the value keeps one of them (which one is unspecified) and
         # reverse mode credits all of them, so the written element depends on every source.
+    out = call.outs[0]
+    self_ = b["self"]
     parts = []
     s_self = call.sets(self_)
     include_self = False if overwrite else b.get("include_self", True)
     if s_self is not None:
-        if include_self is False:
+        if include_self is False and not unknown:
             keep = np.arange(self_.numel())
-            keep[np.unique(tgt.reshape(-1).numpy())] = -1
+            keep[np.unique(maps[0][1].reshape(-1).numpy())] = -1
             s_self = S.take_rows(s_self, keep)
         parts.append(s_self)
-    s_src = call.sets(src) if src_ids is not None else None
+    s_src = call.sets(src) if maps[0][2] is not None else None
     if s_src is not None:
-        parts.append(S.gather_union(s_src, tgt.reshape(-1).numpy(), src_ids.reshape(-1).numpy(), out.numel()))
+        tgt = np.concatenate([m[1].reshape(-1).numpy() for m in maps])
+        src_ids = np.concatenate([m[2].reshape(-1).numpy() for m in maps])
+        parts.append(S.gather_union(s_src, tgt, src_ids, out.numel()))
     return [S.union(parts, out.numel(), call.n)]
 
 

@@ -275,3 +275,36 @@ def test_probe_catches_a_wrong_pattern_of_a_small_scale_function(dtype, scale):
     op = asd.prepare_jacobian(f, z, pattern=np.eye(6, dtype=bool))  # a wrong user pattern: checked
     with pytest.raises(asd.CheckError):
         op(z)
+
+
+def _writes_through_a_detached_alias(z):
+    w = z.detach()
+    w.zero_()  # changes z's values, not its autograd history
+    return z * 2
+
+
+def _clamped_without_grad(z):
+    with torch.no_grad():
+        z.clamp_(0, 0.5)
+    return z * 3
+
+
+def _buffer_filled_without_grad(z):
+    buf = torch.zeros(z.numel(), dtype=z.dtype)
+    with torch.no_grad():
+        buf.copy_(z)  # a constant for reverse mode
+    return buf * z
+
+
+def _renormed_embedding(z):
+    return F.embedding(torch.tensor([[0, 2], [1, 3]]), z.reshape(4, 2), max_norm=0.5).reshape(-1)
+
+
+@pytest.mark.parametrize("f", [_writes_through_a_detached_alias, _clamped_without_grad, _buffer_filled_without_grad,
+                               _renormed_embedding], ids=lambda f: f.__name__.strip("_"))
+def test_untracked_writes_keep_the_dependencies_reverse_mode_sees(x, f):
+    dense = _dense_jacobian(f, x.clone())
+    P = torch.as_tensor(asd.jacobian_sparsity(f, x.clone()).toarray())
+    assert not ((dense != 0) & ~P).any()
+    J = _quiet(lambda: asd.prepare_jacobian(f, x.clone()))(x.clone()).to_dense()
+    torch.testing.assert_close(J, dense)

@@ -167,3 +167,35 @@ def test_dense_adjacency_model_jacobian():
         op = asd.prepare_jacobian(f, X)
     ref = torch.autograd.functional.jacobian(f, X).reshape(240, 240)
     torch.testing.assert_close(op(X).to_dense(), ref)
+
+
+@pytest.mark.parametrize("argnums", ["a", 1.5, (0, "b"), [0.0]])
+def test_bad_argnums(argnums):
+    two = lambda a, b: a * b  # noqa: E731
+    with raises("argnums", TypeError):
+        asd.jacobian_sparsity(two, (X, X), argnums=argnums)
+    with raises("argnums", TypeError):
+        asd.hessian_sparsity(lambda a, b: (a * b).sum(), (X, X), argnums=argnums)
+
+
+def _spd_csr(n=5):
+    return (torch.eye(n, dtype=torch.float64) * 2).to_sparse_csr()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("method", ["direct", "cg", "gmres"])
+def test_linalg_solve_refuses_a_non_finite_right_hand_side(bad, method):
+    b = torch.ones(5, dtype=torch.float64)
+    b[2] = bad
+    with raises("right-hand side|b contains"):
+        asd.linalg.solve(_spd_csr(), b, method=method)
+
+
+@pytest.mark.parametrize("solver, kw, match", [
+    (asd.linalg.CG, dict(maxiter=0), "maxiter"), (asd.linalg.GMRES, dict(maxiter=-3), "maxiter"),
+    (asd.linalg.GMRES, dict(restart=0), "restart"), (asd.linalg.GMRES, dict(restart=2.5), "restart"),
+    (asd.linalg.MINRES, dict(maxiter=1.5), "maxiter"),
+])
+def test_iterative_solver_counts(solver, kw, match):
+    with raises(match):
+        solver(**kw)

@@ -298,14 +298,14 @@ def _check(s: Summary, min_traced: float, min_exact: float):
 def test_opinfo_sound_and_coverage():
     """A few samples of every op (default suite)."""
     s = summarize(run(opinfo_ops(), max_samples=2))
-    _check(s, 95.0, 85.0)
+    _check(s, 95.0, 90.0)
 
 
 @pytest.mark.slow
 def test_opinfo_exhaustive():
-    """Every sample of every op."""
+    """Every sample of every op: the issue's target, at least 95% exact."""
     s = summarize(run(opinfo_ops()))
-    _check(s, 95.0, 85.0)
+    _check(s, 95.0, 95.0)
 
 
 if __name__ == "__main__":

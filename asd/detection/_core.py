@@ -15,6 +15,7 @@ tracer that is active in the current thread with :func:`push_tracer`.
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ..errors import TracingError
+from ..errors import TracingError, UnsupportedOpWarning
 from . import sets as S
 
 __all__ = ["Call", "FLOATING", "Storage", "TracedTensor", "TracerLike", "active_tracer", "bind",
@@ -77,14 +78,18 @@ def is_differentiable_dtype(dtype: torch.dtype) -> bool:
 class Storage:
     """Index sets (and the primal base tensor) shared by a base tensor and all its views."""
 
-    __slots__ = ("primal", "sets", "epoch")
+    __slots__ = ("primal", "sets", "epoch", "read_only")
 
     def __init__(self, primal: torch.Tensor, sets: sp.csr_matrix):
         self.primal = primal
         self.sets = sets
         self.epoch = 0
+        self.read_only: str | None = None  # why writes into it cannot be traced
 
     def make_meta(self) -> None:
+        """Called before a write under global tracing: the values become unknown."""
+        if self.read_only is not None:
+            raise TracingError(self.read_only)
         if not self.primal.is_meta:
             self.primal = self.primal.to("meta")
             self.epoch += 1
@@ -103,6 +108,8 @@ class TracedTensor(torch.Tensor):
     _geom: tuple
     _epoch: int
     _primal: torch.Tensor
+    #: an alias made by ``detach()`` (or a view of one): writes through it are untracked by autograd
+    _detached: bool = False
 
     @staticmethod
     def __new__(cls, storage: Storage, primal: torch.Tensor, idx: np.ndarray | None, device: torch.device,
@@ -161,6 +168,10 @@ class TracedTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in _NARROWS:
+            out = narrow_at_unknown_start(*args, **(kwargs or {}))
+            if out is not None:
+                return out
         if func in _AUTOGRAD_CALLS:
             tracer = active_tracer()
             if tracer is not None:
@@ -177,6 +188,31 @@ class TracedTensor(torch.Tensor):
                 "do not keep tensors from a traced call"
             )
         return tracer.dispatch(func, args, kwargs or {})
+
+
+_NARROWS = frozenset({torch.narrow, torch.Tensor.narrow})
+
+
+def narrow_at_unknown_start(input, dim, start, length) -> TracedTensor | None:
+    """``narrow`` with a tensor ``start`` computed from the input, under global tracing (PyTorch
+    reads ``start.item()``, unknown there): output position ``k`` may read any element ``s + k``
+    along ``dim``, so its sets are the union over every start (computed as a sum of the windows).
+    The result is no view: a write into it raises :class:`TracingError`. Returns ``None`` where
+    ``start`` is known (plain ``narrow`` applies)."""
+    if not (isinstance(start, TracedTensor) and start.primal.is_meta and isinstance(input, TracedTensor)
+            and isinstance(length, int)):
+        return None
+    warnings.warn(
+        "asd: narrow with a start computed from the input, unknown under global tracing; every start "
+        "is assumed (a sound but denser pattern). Pass local=True for the pattern at a point.",
+        UnsupportedOpWarning, stacklevel=3)
+    d = dim % max(input.dim(), 1)
+    with torch._C.DisableTorchFunctionSubclass():
+        out = input.unfold(d, length, 1).sum(d).movedim(-1, d)
+    if isinstance(out, TracedTensor):
+        out._storage.read_only = ("a write into the result of narrow with a start computed from the input "
+                                  "cannot be traced under global tracing; pass local=True")
+    return out
 
 
 @dataclass

@@ -34,15 +34,16 @@ Registration takes a lock; lookups read a plain dict and take none.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, Union
+from typing import Callable, Iterable, Iterator, Union
 
 import torch
 
 __all__ = ["INTERACTIONS", "RULES", "Rule", "SECOND_ORDER", "aten_ops", "inplace_twin", "lookup", "overloads_except",
-           "register_inplace_twins", "register_rule"]
+           "recording_reached", "register_inplace_twins", "register_rule", "unreached"]
 
 OpLike = Union[torch._ops.OpOverload, torch._ops.OpOverloadPacket]
 
@@ -208,9 +209,62 @@ def overloads_except(packets: Iterable[torch._ops.OpOverloadPacket], *excluded: 
     return [getattr(p, o) for p in packets for o in p.overloads() if f"{p.__name__}.{o}" not in excluded]
 
 
+_REACHED: list[set] = []  # the sets of open recording_reached() blocks
+
+
 def lookup(op: torch._ops.OpOverload) -> Rule | None:
     """The rule registered for ``op``, or ``None``."""
-    return RULES.get(op)
+    rule = RULES.get(op)
+    if _REACHED and rule is not None:
+        for reached in _REACHED:
+            reached.add(op)
+    return rule
+
+
+def _traceable(op: torch._ops.OpOverload) -> bool:
+    args = op._schema.arguments
+    if any(a.name == "out" or (a.kwarg_only and a.alias_info is not None and a.alias_info.is_write) for a in args):
+        return False
+    return any("Tensor" in str(a.type) for a in args)
+
+
+@contextlib.contextmanager
+def recording_reached() -> Iterator[set]:
+    """Record the overloads whose rule a trace looks up (in any thread) while the block runs.
+
+    Yields the set they are added to, for a coverage report (:func:`unreached`)."""
+    reached: set = set()
+    with _LOCK:
+        _REACHED.append(reached)
+    try:
+        yield reached
+    finally:
+        with _LOCK:
+            _REACHED.remove(reached)
+
+
+def unreached(reached: Iterable[torch._ops.OpOverload], *, traceable_only: bool = True) -> dict[str, list[str]]:
+    """The registered overloads not in ``reached``, by family, sorted by name.
+
+    Parameters
+    ----------
+    reached
+        Overloads whose rule ran (from :func:`recording_reached`).
+    traceable_only
+        Leave out the overloads a trace never meets: ``out=`` variants (functional code calls the
+        others) and overloads of Python numbers only (``aten.sin.int``).
+
+    Returns
+    -------
+    dict
+        ``{family: [overload name, ...]}`` for every family with an unreached rule.
+    """
+    reached = set(reached)
+    out: dict[str, list[str]] = {}
+    for op, rule in RULES.items():
+        if op not in reached and not (traceable_only and not _traceable(op)):
+            out.setdefault(rule.family, []).append(str(op))
+    return {family: sorted(names) for family, names in sorted(out.items())}
 
 
 def inplace_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:

@@ -325,7 +325,9 @@ class Tracer:
             # an alias that keeps its sets: autograd also detaches the outputs it saves for backward
             # and unpacks them tracked again; whether a use is cut is decided there (``detached``)
             a = args[0]
-            return TracedTensor(a._storage, a.primal.detach(), a._idx, self.device)
+            alias = TracedTensor(a._storage, a.primal.detach(), a._idx, self.device)
+            alias._detached = True
+            return alias
 
         if not traced:
             out = func(*args, **kwargs)
@@ -494,7 +496,12 @@ class Tracer:
             results = []
             for (j, _), s in zip(writes, out_sets):
                 target = b_args[j]
-                self._write(target, s)
+                if torch.is_grad_enabled() and not target._detached:
+                    self._write(target, s)
+                elif s is not None and s.nnz:
+                    # autograd does not record this write (no_grad, or through a detached alias): the
+                    # target keeps the dependencies it had, as reverse mode sees it
+                    self.no_grad_cut = True
                 results.append(target)
             return results[0] if len(results) == 1 and not isinstance(pout, (list, tuple)) else tuple(results)
 
@@ -542,7 +549,9 @@ class Tracer:
         storage = base._storage
         if len(idx) == storage.sets.shape[0] and np.array_equal(idx, np.arange(len(idx))):
             idx = None
-        return TracedTensor(storage, primal, idx, self.device)
+        view = TracedTensor(storage, primal, idx, self.device)
+        view._detached = base._detached
+        return view
 
     def _write(self, target: TracedTensor, new_sets: sp.csr_matrix | None) -> None:
         storage = target._storage

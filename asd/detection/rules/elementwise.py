@@ -97,14 +97,80 @@ def _masked_by_value(predicate):
 
 def _clamp_keep(x, b):
     keep = torch.ones_like(x, dtype=torch.bool)
-    lo, hi = b.get("min"), b.get("max")
-    for bound, cmp in ((lo, torch.ge), (hi, torch.le)):
-        if bound is None:
-            continue
-        if isinstance(bound, TracedTensor):
-            return torch.ones_like(x, dtype=torch.bool)  # tensor bounds: no value-based pruning
-        keep &= cmp(x, bound)
+    for bound, cmp in ((b.get("min"), torch.ge), (b.get("max"), torch.le)):
+        if bound is not None:
+            keep &= cmp(x, bound)
     return keep
+
+
+def _known_values(t, shape):
+    """Values of operand ``t`` (a tensor, a traced tensor or a number) broadcast to ``shape``, or
+    ``None`` when they are unknown (global tracing)."""
+    if isinstance(t, TracedTensor):
+        t = t.primal
+    if isinstance(t, torch.Tensor):
+        return None if t.is_meta else t.cpu().broadcast_to(shape)
+    return torch.full(shape, t, dtype=torch.float64)
+
+
+def _clamp_masks(x, lo, hi):
+    """Where each operand of ``clamp(x, lo, hi) = min(max(x, lo), hi)`` has a nonzero derivative
+    (a superset at ties: PyTorch's masks are strict there); ``lo``/``hi`` may be ``None``."""
+    keep_x = torch.ones_like(x, dtype=torch.bool)
+    if lo is not None:
+        keep_x &= x >= lo
+    if hi is not None:
+        keep_x &= x <= hi
+    keep_lo = None if lo is None else (x <= lo) & (True if hi is None else lo <= hi)
+    keep_hi = None if hi is None else (x >= hi) | (False if lo is None else hi <= lo)
+    return keep_x, keep_lo, keep_hi
+
+
+def clamp_rule(call: Call) -> list:
+    """``clamp`` and its variants. Traced locally, an output element depends on ``x`` where ``x`` is
+    within the bounds, on a tensor bound where that bound is the result."""
+    b = call.bound()
+    lo, hi = b.get("min"), b.get("max")
+    if not (isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor)):
+        return _scalar_clamp(call)
+    out = call.outs[0]
+    if not call.local:
+        return broadcast_union(call)
+    shape = tuple(out.shape)
+    values = [_known_values(t, shape) if t is not None else None for t in (b["self"], lo, hi)]
+    if any(v is None for v, t in zip(values, (b["self"], lo, hi)) if t is not None):
+        return broadcast_union(call)
+    parts = []
+    for t, keep in zip((b["self"], lo, hi), _clamp_masks(*values)):
+        s = operand_sets(call, t, out) if isinstance(t, torch.Tensor) else None
+        if s is not None:
+            parts.append(_rows_where(s, keep))
+    return [S.union(parts, out.numel(), call.n)]
+
+
+def _rows_where(s, keep: torch.Tensor):
+    k = keep.reshape(-1).cpu().numpy()
+    return S.take_rows(s, np.where(k, np.arange(len(k)), -1))
+
+
+def _curved_where(first, curved):
+    """Rule of an op that is linear where ``curved(x, bound)`` is false (elu for ``x > 0``): the
+    first-order sets by ``first``, and second-order interactions recorded where it may be curved
+    (everywhere under global tracing). Registered as ``"linear"``: the rule records the rest. An
+    in-place variant has overwritten ``x`` when its rule runs: it records everywhere."""
+
+    def rule(call: Call) -> list:
+        res = first(call)
+        x = call.bound()["self"]
+        at_point = call.local and not call.func._schema.is_mutable and isinstance(x, TracedTensor) \
+            and not x.primal.is_meta and tuple(x.shape) == tuple(call.outs[0].shape)
+        if at_point and res[0] is not None:
+            call.record_interaction([_rows_where(res[0], curved(x.primal, call.bound()))])
+        else:
+            call.record_interaction(res[:1])
+        return res
+
+    return rule
 
 
 NONLINEAR_UNARY = aten_ops(
@@ -114,13 +180,13 @@ NONLINEAR_UNARY = aten_ops(
     "special_i0e", "special_i1", "special_i1e", "special_ndtr", "special_ndtri", "special_log_ndtr",
     "special_erfcx", "special_entr", "special_zeta",
     "special_bessel_j0", "special_bessel_j1", "special_spherical_bessel_j0", "gelu", "silu",
-    "mish", "elu", "celu", "selu", "softplus", "log_sigmoid_forward", "mvlgamma", "square",
+    "mish", "softplus", "log_sigmoid_forward", "mvlgamma", "square",
     "logaddexp", "logaddexp2", "hypot", "atan2", "arctan2",
     "igamma", "igammac", "ldexp", "polar", "erfinv_", "exp_", "log_", "sqrt_",
     "sin_", "cos_", "tanh_", "sigmoid_", "reciprocal_", "rsqrt_", "ldexp_",
 )
 PIECEWISE_LINEAR = aten_ops(
-    "leaky_relu", "leaky_relu_", "softshrink", "hardshrink",
+    "leaky_relu", "leaky_relu_",
     "fmod", "remainder", "rrelu_with_noise", "frexp",
 )
 LINEAR = aten_ops(
@@ -170,9 +236,16 @@ register_rule([torch.ops.aten.max.other, torch.ops.aten.min.other], broadcast_un
               family="elementwise")
 register_rule(aten_ops("relu", "relu_"), _masked_by_value(lambda x, b: x > 0), second_order="linear",
               family="elementwise")
+_scalar_clamp = _masked_by_value(_clamp_keep)
 register_rule(aten_ops("clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_", "clamp_max",
                        "clamp_max_"),
-              _masked_by_value(_clamp_keep), second_order="linear", family="elementwise")
+              clamp_rule, second_order="linear", family="elementwise")
+# dead zones: a zero derivative where |x| < lambd
+register_rule(aten_ops("softshrink", "hardshrink"), _masked_by_value(lambda x, b: x.abs() >= b["lambd"]),
+              second_order="linear", family="elementwise")
+# exponential for x <= 0, linear above
+register_rule(aten_ops("elu", "elu_", "celu", "celu_", "selu", "selu_"),
+              _curved_where(broadcast_union, lambda x, b: x <= 0), second_order="linear", family="elementwise")
 
 
 def _choose(pick_self):
@@ -233,8 +306,10 @@ register_rule(aten_ops("hardtanh", "hardtanh_"), _masked_by_value(_between("min_
               second_order="linear", family="elementwise")
 register_rule(aten_ops("hardsigmoid", "hardsigmoid_"), _masked_by_value(_between(None, None, -3.0, 3.0)),
               second_order="linear", family="elementwise")
-register_rule(aten_ops("hardswish", "hardswish_"), _masked_by_value(lambda x, b: x >= -3.0),
-              second_order="nonlinear", family="elementwise")
+# x (x + 3) / 6 on [-3, 3], 0 below and x above
+register_rule(aten_ops("hardswish", "hardswish_"),
+              _curved_where(_masked_by_value(lambda x, b: x >= -3.0), lambda x, b: (x >= -3.0) & (x <= 3.0)),
+              second_order="linear", family="elementwise")
 register_rule(aten_ops("threshold", "threshold_"), _masked_by_value(lambda x, b: x > b["threshold"]),
               second_order="linear", family="elementwise")
 

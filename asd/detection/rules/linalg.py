@@ -154,6 +154,74 @@ def lu_unpack_rule(call: Call) -> list:
     return res
 
 
+def ormqr_rule(call: Call) -> list:
+    """``ormqr(A, tau, C)``: ``Q C`` (or ``C Q``, ``Q^T``...) with ``Q`` the product of the Householder
+    reflectors stored below the diagonal of ``A``'s first ``len(tau)`` columns. Every output of a
+    batch reads those reflector entries and ``tau``; column ``j`` of ``Q C`` reads column ``j`` of
+    ``C`` (row ``i`` of ``C Q`` its row ``i``). ``A``'s diagonal and upper part are not read."""
+    b = call.bound()
+    A, tau, C = b["self"], b["input2"], b["input3"]
+    out = call.outs[0]
+    batch = tuple(out.shape[:-2])
+    nb = int(np.prod(batch)) if batch else 1
+    parts = []
+    sA = call.sets(A)
+    if sA is not None:
+        parts.append(_reflector_sets(sA, A, tau.shape[-1], out, bool(b.get("left", True)),
+                                     bool(b.get("transpose", False))))
+    if call.sets(tau) is not None:
+        parts.append(_spread(_batch_union(call, tau, 1, batch), out, nb))
+    sC = call.sets(C)
+    if sC is not None:
+        left = bool(b.get("left", True))
+        d = -2 if left else -1
+        u, kept = _slice_union(sC, tuple(C.shape), d)
+        ids = torch.arange(u.shape[0], dtype=torch.int64).reshape(kept).expand(tuple(C.shape))
+        parts.append(S.take_rows(u, ids.broadcast_to(tuple(out.shape)).reshape(-1).numpy()))
+    return [S.union(parts, out.numel(), call.n)]
+
+
+def _reflector_sets(sA, A, k: int, out: torch.Tensor, left: bool, transpose: bool):
+    """Sets of ``ormqr``'s output through the reflectors ``A[..., i, j]``, ``i > j``, ``j < k``.
+    ``H_j`` acts on rows (left) or columns (right) ``j..``: in ``Q^T C = H_{k-1}..H_0 C`` and in
+    ``C Q = C H_0..H_{k-1}`` row (column) ``t`` is last changed by ``H_t``, so it reads the reflectors
+    ``j <= t`` only; in the other two products ``H_0`` comes last and mixes everything."""
+    m, na = A.shape[-2], A.shape[-1]
+    nb = A.numel() // max(m * na, 1)
+    p, q = out.shape[-2], out.shape[-1]
+    if out.numel() != nb * p * q:  # batch dims broadcast: every output reads every reflector
+        i, j = np.meshgrid(np.arange(m), np.arange(na), indexing="ij")
+        cols = np.nonzero(np.tile(((i > j) & (j < k)).reshape(-1), nb))[0]
+        return S.take_rows(S.gather_union(sA, np.zeros(len(cols), dtype=np.int64), cols, 1),
+                           np.zeros(out.numel(), dtype=np.int64))
+    ordered = left == transpose
+    axis_len = p if left else q
+    rows, cols = [], []
+    for t in range(axis_len):
+        last = min(t, k - 1) if ordered else k - 1
+        ref = np.array([i * na + j for j in range(last + 1) for i in range(j + 1, m)], dtype=np.int64)
+        if not len(ref):
+            continue
+        outs = (t * q + np.arange(q)) if left else (np.arange(p) * q + t)
+        rows.append(np.repeat(outs, len(ref)))
+        cols.append(np.tile(ref, len(outs)))
+    if not rows:
+        return None
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    offs = np.arange(nb)[:, None]
+    return S.gather_union(sA, (offs * p * q + rows[None, :]).ravel(), (offs * m * na + cols[None, :]).ravel(),
+                          out.numel())
+
+
+def _slice_union(sets, shape: tuple, d: int):
+    """Union of ``sets`` (of a tensor of ``shape``) along dim ``d``: (sets per slice, kept grid)."""
+    d = d % len(shape)
+    kept = [1 if i == d else s for i, s in enumerate(shape)]
+    nk = int(np.prod(kept))
+    groups = torch.arange(nk, dtype=torch.int64).reshape(kept).expand(shape).reshape(-1).numpy()
+    return S.gather_union(sets, groups, np.arange(len(groups)), nk), kept
+
+
 def no_outputs(call: Call) -> list:
     return [None] * len(call.outs)
 
@@ -162,7 +230,7 @@ def no_outputs(call: Call) -> list:
 BATCH_DENSE = aten_ops(
     "_linalg_svd", "linalg_pinv", "linalg_inv_ex",
     "linalg_matrix_exp", "matrix_exp", "_linalg_eigh",
-    "linalg_eig", "_linalg_eigvals", "linalg_householder_product", "ormqr", "cholesky_inverse",
+    "linalg_eig", "_linalg_eigvals", "linalg_householder_product", "cholesky_inverse",
     "geqrf", "linalg_ldl_factor_ex", "linalg_matrix_power", "inverse", "logdet", "det", "slogdet",
     "linalg_eigvals", "linalg_svdvals", "_lu_with_info",
 )
@@ -171,5 +239,6 @@ SOLVES = aten_ops("_linalg_solve_ex", "linalg_lu_solve",
 
 register_rule(BATCH_DENSE, batch_dense, second_order="nonlinear", family="linalg")
 register_rule(SOLVES, solve_rule, second_order="nonlinear", family="linalg")
+register_rule(aten_ops("ormqr"), ormqr_rule, second_order="nonlinear", family="linalg")
 register_rule(aten_ops("lu_unpack"), lu_unpack_rule, second_order="linear", family="linalg")
 register_rule(aten_ops("_linalg_check_errors"), no_outputs, second_order="zero", family="linalg")

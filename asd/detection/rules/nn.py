@@ -359,10 +359,17 @@ def full_rule(call: Call) -> list:
 
 
 def cdist_rule(call: Call) -> list:
-    """out[..., i, j] reads x1[..., i, :] and x2[..., j, :] (batch dims broadcast)."""
+    """out[..., i, j] reads x1[..., i, :] and x2[..., j, :] (batch dims broadcast); ``p = 0`` counts
+    the differing coordinates (a zero derivative)."""
     b = call.bound()
     x1, x2 = b["x1"], b["x2"]
     out = call.outs[0]
+    if b.get("p", 2.0) == 0:
+        return [None]
+    if b.get("p", 2.0) == float("inf") and call.local:
+        exact = _cdist_max_at_point(call, x1, x2, out)
+        if exact is not None:
+            return [exact]
     P, R = out.shape[-2], out.shape[-1]
     batch = tuple(out.shape[:-2])
     nb = int(np.prod(batch)) if batch else 1
@@ -379,6 +386,25 @@ def cdist_rule(call: Call) -> list:
             r = rows_t.reshape(nb, 1, R).expand(nb, P, R)
         parts.append(S.take_rows(u, r.reshape(-1).numpy()))
     return [S.union(parts, out.numel(), call.n)]
+
+
+def _cdist_max_at_point(call: Call, x1, x2, out):
+    """``p = inf`` at a point: ``out[..., i, j]`` reads the coordinates where ``|x1[i] - x2[j]|`` is
+    largest (all of them on ties)."""
+    vals = [t.primal if isinstance(t, TracedTensor) else t for t in (x1, x2)]
+    if any(v.is_meta for v in vals):
+        return None
+    shape = tuple(out.shape) + (x1.shape[-1],)
+    a, c = vals[0].cpu().unsqueeze(-2), vals[1].cpu().unsqueeze(-3)
+    hit = ((a - c).abs() == out.cpu().unsqueeze(-1)).broadcast_to(shape).reshape(-1).numpy()
+    rows = np.repeat(np.arange(out.numel()), x1.shape[-1])[hit]
+    parts = []
+    for t, ids in ((x1, lambda i: i.unsqueeze(-2)), (x2, lambda i: i.unsqueeze(-3))):
+        st = call.sets(t)
+        if st is not None:
+            cols = ids(torch.arange(t.numel(), dtype=torch.int64).reshape(t.shape)).broadcast_to(shape)
+            parts.append(S.gather_union(st, rows, cols.reshape(-1).numpy()[hit], out.numel()))
+    return S.union(parts, out.numel(), call.n)
 
 
 def cross_rule(call: Call) -> list:
@@ -426,23 +452,45 @@ def trilinear_rule(call: Call) -> list:
     return [S.union(parts, out.numel(), call.n)]
 
 
+#: largest one-hot probe (elements) run to find the pixels a constant grid reads
+PROBE_MAX = 1 << 22
+
+
 def grid_sampler_rule(call: Call) -> list:
-    """grid_sampler_2d/3d: out[n, c, p] reads input[n, c, :] (where depends on the grid's values)
-    and grid[n, p, :]."""
+    """grid_sampler_2d/3d: ``out[n, c, p]`` reads ``input[n, c, :]`` where the grid points and
+    ``grid[n, p, :]`` (not in nearest mode, which is piecewise constant in the grid). Globally a
+    grid point may be anywhere (a grid made inside ``f`` may be random: ``torch.rand``); traced
+    locally, with a constant grid, exactly the pixels whose interpolation weight at ``grid[n, p]`` is
+    nonzero, found by sampling one-hot images."""
     b = call.bound()
     x, grid = b["input"], b["grid"]
     out = call.outs[0]
     N, C = out.shape[0], out.shape[1]
     Pn = out.numel() // max(N * C, 1)
-    parts = []
-    u, kept = slice_union(call, x, list(range(2, x.dim())))
-    if u is not None:
-        parts.append(S.take_rows(u, (np.arange(N * C)[:, None] + np.zeros((1, Pn), dtype=np.int64)).reshape(-1)))
+    parts = [_sampled_pixels(call, x, grid, out) if call.sets(x) is not None else None]
     ug, keptg = slice_union(call, grid, [grid.dim() - 1])
-    if ug is not None:
+    if ug is not None and b.get("interpolation_mode") != 1:
         rows = (np.arange(N)[:, None, None] * Pn + np.zeros((1, C, 1), dtype=np.int64) + np.arange(Pn)[None, None, :])
         parts.append(S.take_rows(ug, rows.reshape(-1)))
     return [S.union(parts, out.numel(), call.n)]
+
+
+def _sampled_pixels(call: Call, x, grid, out):
+    N, C = out.shape[0], out.shape[1]
+    Pn = out.numel() // max(N * C, 1)
+    E = x.numel() // max(N * C, 1)
+    g = grid.primal if isinstance(grid, TracedTensor) else grid
+    if not call.local or g.is_meta or call.sets(grid) is not None or N * E * max(E, Pn) > PROBE_MAX:
+        u, _ = slice_union(call, x, list(range(2, x.dim())))  # the grid's points are unknown
+        return S.take_rows(u, np.repeat(np.arange(N * C), Pn))
+    probe = torch.eye(E, dtype=torch.float64).reshape((1, E) + tuple(x.shape[2:])).expand((N, E) + tuple(x.shape[2:]))
+    b = call.bound()
+    w = call.func(probe.contiguous(), g.detach().cpu().to(torch.float64), b["interpolation_mode"], b["padding_mode"],
+                  b["align_corners"])
+    n, e, o = np.nonzero(w.reshape(N, E, Pn).numpy())
+    rows = ((n[:, None] * C + np.arange(C)[None, :]) * Pn + o[:, None]).ravel()
+    cols = ((n[:, None] * C + np.arange(C)[None, :]) * E + e[:, None]).ravel()
+    return S.gather_union(call.sets(x), rows, cols, out.numel())
 
 
 register_rule(aten_ops("glu"), glu_rule, second_order="nonlinear", family="nn")

@@ -57,6 +57,9 @@ def reduction(call: Call) -> list:
         exact = _local_selection(call, x, dims)
         if exact is not None:
             return exact
+        exact = _reduction_at_point(call, x, dims)
+        if exact is not None:
+            return exact
         if call.func.overloadpacket in (aten.amax, aten.amin, aten.max, aten.min) and len(call.outs) == 1 \
                 and isinstance(x, TracedTensor) and not x.primal.is_meta and call.sets(x) is not None:
             # the selected elements (all of them on ties) at this point
@@ -66,6 +69,27 @@ def reduction(call: Call) -> list:
             return [S.gather_union(call.sets(x), groups[hit], np.nonzero(hit)[0], ngroups)]
     u, _, ngroups = reduce_sets(call, x, dims)
     return [_bcast_groups(u, o, ngroups) if is_differentiable_dtype(o.dtype) else None for o in call.outs]
+
+
+def _reduction_at_point(call: Call, x, dims: list[int]):
+    """Local tracing of ``prod`` (an element's derivative is the product of the others: zero in a
+    slice with two zeros, and for all but the zero in a slice with one) and of ``nansum``/``nanmean``
+    (NaN elements do not count)."""
+    packet = call.func.overloadpacket
+    if packet not in (aten.prod, aten.nansum, aten.nanmean) or len(call.outs) != 1:
+        return None
+    if not isinstance(x, TracedTensor) or x.primal.is_meta or call.sets(x) is None:
+        return None
+    v = x.primal.detach().reshape(-1).cpu()
+    groups, ngroups = group_ids(tuple(x.shape), dims)
+    if packet is aten.prod:
+        zero = (v == 0).numpy()
+        zeros_in = np.bincount(groups[zero], minlength=ngroups)[groups]
+        keep = (zeros_in == 0) | ((zeros_in == 1) & zero)
+    else:
+        keep = ~torch.isnan(v).numpy()
+    return [_bcast_groups(S.gather_union(call.sets(x), groups[keep], np.nonzero(keep)[0], ngroups),
+                          call.outs[0], ngroups)]
 
 
 def _bcast_groups(u, out: torch.Tensor, ngroups: int):

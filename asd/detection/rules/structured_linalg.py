@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .. import sets as S
-from .._core import Call, is_differentiable_dtype
+from .._core import Call, TracedTensor, is_differentiable_dtype
 from ..table import aten_ops, register_rule
 from .linalg import batch_dense, solve_rule
 
@@ -123,11 +123,15 @@ def _lu_entries(m: int, n: int):
 
 
 def lu_rule(call: Call) -> list:
-    """``linalg_lu`` (P, L, U) and ``linalg_lu_factor_ex`` (LU packed, pivots, info)."""
+    """``linalg_lu`` (P, L, U) and ``linalg_lu_factor_ex`` (LU packed, pivots, info). Traced locally,
+    the pivots are known: the factors of the row-permuted matrix read as without pivoting."""
     A = call.bound()["A"]
     m, n = A.shape[-2], A.shape[-1]
     if max(m, n) > EXACT_MAX:
         return batch_dense(call)
+    perms = _row_permutations(call, A)
+    if perms is not None:
+        return _lu_at_point(call, A, perms)
     lower, upper, k = _lu_entries(m, n)
     if call.func.overloadpacket is aten.linalg_lu:
         P, L, U = call.outs
@@ -139,38 +143,113 @@ def lu_rule(call: Call) -> list:
     return [_gather(call, A, LU, pairs)] + [None] * (len(call.outs) - 1)
 
 
+def _row_permutations(call: Call, A) -> np.ndarray | None:
+    """Under local tracing, ``perm`` (one row per matrix) with ``A[perm] = L U`` without pivoting;
+    ``None`` where the pivots are unknown."""
+    if not call.local or not isinstance(A, TracedTensor) or A.primal.is_meta:
+        return None
+    m = A.shape[-2]
+    if call.func.overloadpacket is aten.linalg_lu:
+        P = call.outs[0]
+        if P.numel() == 0:
+            return None
+        return P.detach().cpu().reshape(-1, m, m).argmax(-2).numpy()  # A = P L U: (P^T A)[r] = A[perm[r]]
+    pivots = call.outs[1].detach().cpu().reshape(-1, call.outs[1].shape[-1]).numpy().astype(np.int64) - 1
+    perms = np.tile(np.arange(m), (len(pivots), 1))
+    for b, piv in enumerate(pivots):  # LAPACK's row swaps, in order
+        for i, p in enumerate(piv):
+            perms[b, [i, p]] = perms[b, [p, i]]
+    return perms
+
+
+def _lu_reads(m: int, n: int) -> tuple[list, list, int]:
+    """Entries of ``L`` and ``U`` of ``M = L U`` (no pivoting) with the entries ``(p, q)`` of ``M``
+    they read: ``L[i, j]`` reads ``M[:j+1, :j+1]`` and ``M[i, :j+1]``, ``U[i, j]`` reads
+    ``M[:i+1, :i]`` and ``M[:i+1, j]``."""
+    k = min(m, n)
+    lower = [((i, j), [(p, q) for p in list(range(j + 1)) + [i] for q in range(j + 1)])
+             for i in range(m) for j in range(k) if i > j]
+    upper = [((i, j), [(p, q) for p in range(i + 1) for q in list(range(i)) + [j]])
+             for i in range(k) for j in range(i, n)]
+    return lower, upper, k
+
+
+def _lu_at_point(call: Call, A, perms: np.ndarray) -> list:
+    m, n = A.shape[-2], A.shape[-1]
+    lower, upper, k = _lu_reads(m, n)
+    s = call.sets(A)
+    if s is None:
+        return [None] * len(call.outs)
+
+    def sets_of(out, entries, cols_of_out: int):
+        rows, cols = [], []
+        for b, perm in enumerate(perms):
+            for (i, j), reads in entries:
+                rows.extend([b * out.shape[-2] * cols_of_out + i * cols_of_out + j] * len(reads))
+                cols.extend(b * m * n + perm[p] * n + q for p, q in reads)
+        return S.gather_union(s, np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), out.numel())
+
+    if call.func.overloadpacket is aten.linalg_lu:
+        P, L, U = call.outs
+        return [None, sets_of(L, lower, k), sets_of(U, upper, n)]
+    return [sets_of(call.outs[0], lower + upper, n)] + [None] * (len(call.outs) - 1)
+
+
 # -- triangular solves --------------------------------------------------------------------------------
 
-def _triangle_reads(n: int, i: int, upper: bool, unit: bool, transpose: bool) -> np.ndarray:
-    """Entries of ``A`` (``n x n``, flat) that ``x_i`` of ``op(A) x = b`` reads: the rows ``i..n``
-    (``upper``: the triangle of ``op(A)``) or ``0..i`` of the triangle of ``op(A)``."""
-    rows = range(i, n) if upper else range(i + 1)
+def _triangle_reads(n: int, i: int, upper: bool, unit: bool, transpose: bool, first: int) -> np.ndarray:
+    """Entries of ``A`` (``n x n``, flat) that ``x_i`` of ``op(A) x = b`` reads, where ``b``'s
+    structural nonzeros start at row ``first`` (``upper``: end there; ``upper`` is the triangle of
+    ``op(A)``). Lower: ``x_i`` reads ``op(A)[p, q]`` for ``first <= q <= p <= i``: the diagonal entry
+    of each nonzero ``x_p`` and the coefficients of the nonzero ``x_q``; the mirror image for upper."""
     out = []
+    rows = range(i, first + 1) if upper else range(first, i + 1)
     for p in rows:
-        cols = range(p + unit, n) if upper else range(p + 1 - unit)
+        cols = range(p + unit, first + 1) if upper else range(first, p + 1 - unit)
         for q in cols:
             out.append(q * n + p if transpose else p * n + q)
     return np.asarray(out, dtype=np.int64)
 
 
+def _structural_nonzeros(call: Call, B) -> np.ndarray:
+    """``B``'s entries that may be nonzero (``B``'s last two dims, any over the batch): those that
+    depend on the input, and, traced locally, the constant ones whose value is nonzero
+    (``torch.eye``'s off-diagonal is not). Globally every constant entry may be nonzero: a
+    pattern must not depend on float values, which a prepared operator lets change between calls."""
+    shape = tuple(B.shape[-2:])
+    s = call.sets(B)
+    nz = np.zeros(B.numel(), dtype=bool) if s is None else np.diff(s.indptr) > 0
+    p = B.primal if isinstance(B, TracedTensor) else B
+    nz |= True if (p.is_meta or not call.local) else (p.detach().cpu() != 0).reshape(-1).numpy()
+    return nz.reshape((-1,) + shape).any(0)
+
+
 def triangular_solve_sets(call: Call, A, B, X: torch.Tensor, upper: bool, left: bool, unit: bool,
                           transpose: bool):
     """Sets of ``X`` solving ``op(A) X = B`` (``left``) or ``X op(A) = B``, ``op(A) = A^T`` for
-    ``transpose``; ``upper`` is the triangle of ``A``."""
+    ``transpose``; ``upper`` is the triangle of ``A``. A column of ``B`` (row, for right solves)
+    that is structurally zero up to some row gives a solution zero there (``L^{-1} = solve(L, I)``
+    is lower triangular)."""
     n = A.shape[-1]
     p, q = X.shape[-2], X.shape[-1]
     upper = upper != transpose  # ``upper`` from here on: the triangle of op(A)
     if not left:  # X op(A) = B  <=>  op(A)^T X^T = B^T
         upper, transpose = not upper, not transpose
+    nzB = _structural_nonzeros(call, B)
+    nzB = nzB if left else nzB.T  # (solved index, other index)
     a_entries, b_entries = [], []
-    for i in range(n):
-        reads_a = _triangle_reads(n, i, upper, unit, transpose)
-        reads_b = np.arange(i, n) if upper else np.arange(i + 1)
-        # solved index i is the row of X (left) or its column (right)
-        others = range(q) if left else range(p)
-        for j in others:
+    reads: dict[tuple[int, int], np.ndarray] = {}
+    for j in range(q if left else p):
+        rows = np.nonzero(nzB[:, j])[0]
+        if not len(rows):
+            continue  # a zero column of B: a zero column of X
+        first = int(rows.max() if upper else rows.min())
+        for i in (range(first + 1) if upper else range(first, n)):
+            if (i, first) not in reads:
+                reads[i, first] = _triangle_reads(n, i, upper, unit, transpose, first)
             flat = i * q + j if left else j * q + i
-            a_entries.append((flat, reads_a))
+            reads_b = np.arange(i, n) if upper else np.arange(i + 1)
+            a_entries.append((flat, reads[i, first]))
             b_entries.append((flat, reads_b * q + j if left else j * q + reads_b))
     parts = [_gather(call, A, X, _pairs(a_entries))]
     if B.dim() >= 2:

@@ -199,3 +199,8 @@ def test_linalg_solve_refuses_a_non_finite_right_hand_side(bad, method):
 def test_iterative_solver_counts(solver, kw, match):
     with raises(match):
         solver(**kw)
+
+
+def test_verify_on_a_meta_tensor_names_the_device():
+    with pytest.raises(asd.InputError, match="meta device"):
+        asd.verify(torch.sin, torch.ones(3, device="meta"))

@@ -64,6 +64,9 @@ def verify(f: Callable, x: torch.Tensor, pattern=None, *, points: int = 3, scale
     An entry counts as nonzero when its absolute value exceeds ``atol``. Returns a
     :class:`VerifyReport`; ``report.ok`` is ``False`` if any nonzero was missed."""
     check_input(x)
+    if x.is_meta:
+        raise InputError("x is on the meta device, which holds no values: verify compares dense Jacobians "
+                         "at real points; pass x on the CPU or a GPU")
     if points < 1:
         raise InputError(f"points must be at least 1, got {points}")
     if pattern is None:

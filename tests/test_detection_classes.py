@@ -501,3 +501,30 @@ def test_ormqr_reads_the_reflectors_it_applies(left, transpose):
     f = lambda a: torch.ormqr(a, tau[:a.shape[1]], other, left=left, transpose=transpose)  # noqa: E731
     assert_exact(jacobian_sparsity(f, torch.randn(shape, dtype=torch.float64), strict=True),
                  dense_jacobian_nonzeros(f, shape))
+
+
+INPLACE_MASKS = {
+    "clamp_": lambda z: (z * 1).clamp_(-1, 1),
+    "hardtanh_": lambda z: F.hardtanh(z * 1, -0.9, 0.9, inplace=True),
+    "relu6_inplace": lambda z: F.relu6(z * 2.5, inplace=True),
+    "threshold_": lambda z: F.threshold(z * 1, 0.5, 0.0, inplace=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INPLACE_MASKS))
+def test_inplace_masks_are_read_before_the_write(name):
+    """Traced locally, an in-place op's rule sees the values it overwrote (as its out-of-place
+    variant does), so the masks prune exactly; the op still returns the tensor it wrote into."""
+    f = INPLACE_MASKS[name]
+    x = torch.linspace(-2.05, 2.05, 8, dtype=torch.float64)  # no point on a kink
+    P = jacobian_sparsity(f, x, local=True).toarray()
+    dense = (torch.autograd.functional.jacobian(f, x) != 0).numpy()
+    assert (P == dense).all()
+    assert jacobian_sparsity(f, x).nnz == x.numel()  # globally every element may be in the linear zone
+
+    def returns_itself(z):
+        w = z * 1
+        assert w.clamp_(-1, 1) is w
+        return w
+
+    jacobian_sparsity(returns_itself, x, local=True)

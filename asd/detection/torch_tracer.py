@@ -347,8 +347,11 @@ class Tracer:
                 self._decomposing -= 1
         any_meta = any(t.primal.is_meta for t in traced)
         mutated = _mutated_args(func)
+        before = {}
         if mutated:
             self._prepare_mutation(func, args, kwargs, mutated, any_meta)
+            if self.local and not any_meta and torch.Tag.inplace_view not in func.tags:
+                before = self._snapshot(func, args, kwargs, mutated)
 
         def unwrap(a):
             if isinstance(a, TracedTensor):
@@ -391,11 +394,18 @@ class Tracer:
 
         outs_flat, out_spec = tree_flatten(pout)
         out_tensors = [o for o in outs_flat if isinstance(o, torch.Tensor)]
+        restore = {}
+        if before:  # the rule reads the values the op overwrote, as its out-of-place variant would
+            stand_ins = {i: self._before_write(t, p) for i, (t, p) in before.items()}
+            restore = {id(s): before[i][0] for i, s in stand_ins.items()}
+            swap = lambda a: stand_ins.get(id(a), a) if isinstance(a, TracedTensor) else a  # noqa: E731
+            args = tuple(swap(a) for a in args)
+            kwargs = {k: swap(v) for k, v in kwargs.items()}
         call = Call(func, args, kwargs, pargs, pkwargs, out_tensors, self)
 
         aliases = alias_of_returns(func)
         if any(a is not None for a, _ in aliases):
-            return self._aliasing(call, pout, aliases)
+            return self._aliasing(call, pout, aliases, restore)
 
         out_sets = self._run_rule(call)
         wrapped = iter([self.wrap(t, s) for t, s in zip(out_tensors, out_sets)])
@@ -483,8 +493,26 @@ class Tracer:
                         "function; create that buffer inside the function (e.g. torch.zeros_like(x))"
                     )
 
-    def _aliasing(self, call: Call, pout, aliases):
-        """Views share their base's storage; in-place ops write sets back into it."""
+    def _snapshot(self, func, args, kwargs, mutated) -> dict:
+        """``{id(t): (t, copy of its values)}`` for the traced tensors ``func`` will write into."""
+        b = bind(func, args, kwargs)
+        out = {}
+        for j in mutated:
+            target = b.get(func._schema.arguments[j].name)
+            for t in target if isinstance(target, (list, tuple)) else [target]:
+                if isinstance(t, TracedTensor):
+                    out[id(t)] = (t, t.primal.clone())
+        return out
+
+    def _before_write(self, t: TracedTensor, values: torch.Tensor) -> TracedTensor:
+        """``t`` as it was before an in-place op: its storage and element map, the old values."""
+        stand_in = TracedTensor(t._storage, values, t._idx, self.device, requires_grad=t.requires_grad)
+        stand_in._detached = t._detached
+        return stand_in
+
+    def _aliasing(self, call: Call, pout, aliases, restore: dict | None = None):
+        """Views share their base's storage; in-place ops write sets back into it (``restore`` maps
+        the stand-ins a rule saw back to the tensors the op returns)."""
         func = call.func
         args = call.args
         b_args = list(args) + [call.kwargs.get(a.name) for a in func._schema.arguments[len(args):]]
@@ -496,6 +524,7 @@ class Tracer:
             results = []
             for (j, _), s in zip(writes, out_sets):
                 target = b_args[j]
+                target = (restore or {}).get(id(target), target)
                 if torch.is_grad_enabled() and not target._detached:
                     self._write(target, s)
                 elif s is not None and s.nnz:

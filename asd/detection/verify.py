@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -54,6 +54,16 @@ def _dense_jacobian(f: Callable, x: torch.Tensor) -> np.ndarray:
     return J.reshape(-1, x.numel()).detach().cpu().numpy()
 
 
+def _points(x: torch.Tensor, count: int, scale: float, seed: int) -> Iterator[torch.Tensor]:
+    """``x``, then ``count - 1`` random points ``x + scale * N(0, 1)``."""
+    gen = torch.Generator().manual_seed(seed)
+    for k in range(count):
+        xp = x.detach().clone()
+        if k:
+            xp = xp + scale * torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)
+        yield xp
+
+
 def verify(f: Callable, x: torch.Tensor, pattern=None, *, points: int = 3, scale: float = 1.0,
            local: bool = False, atol: float = 0.0, seed: int = 0) -> VerifyReport:
     """Check ``pattern`` (a scipy sparse matrix, a dense array or an :class:`asd.SparsityPattern`;
@@ -73,15 +83,38 @@ def verify(f: Callable, x: torch.Tensor, pattern=None, *, points: int = 3, scale
         pattern = jacobian_sparsity(f, x, local=local)
     elif isinstance(pattern, SparsityPattern):
         pattern = pattern.to_scipy()
-    P = sp.csr_array(pattern).astype(bool)
-    gen = torch.Generator().manual_seed(seed)
-    observed = None
     npts = 1 if local else points
-    for k in range(npts):
-        xp = x.detach().clone()
-        if k:
-            xp = xp + scale * torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)
-        J = _dense_jacobian(f, xp)
+    jacobians = (_dense_jacobian(f, xp) for xp in _points(x, npts, scale, seed))
+    return compare_pattern(pattern, jacobians, atol=atol, points=npts)
+
+
+def compare_pattern(pattern, jacobians: Iterable[np.ndarray], *, atol: float, points: int) -> VerifyReport:
+    """Compare a sparsity pattern with the nonzeros of dense Jacobians (framework-free).
+
+    Parameters
+    ----------
+    pattern
+        A scipy sparse matrix or a dense array (nonzero: in the pattern).
+    jacobians
+        Dense ``(m, n)`` Jacobians, one per point (read one at a time).
+    atol
+        An entry counts as nonzero when its absolute value exceeds ``atol`` (or it is NaN).
+    points
+        Number of points, as reported.
+
+    Returns
+    -------
+    VerifyReport
+        ``ok`` is ``False`` if any observed nonzero is missing from the pattern.
+
+    Raises
+    ------
+    InputError
+        If a Jacobian's shape differs from the pattern's.
+    """
+    P = sp.csr_array(pattern).astype(bool)
+    observed = None
+    for J in jacobians:
         if J.shape != P.shape:
             raise InputError(f"the pattern has shape {P.shape} but the Jacobian has shape {J.shape}")
         nz = (np.abs(J) > atol) | np.isnan(J)  # NaN: not provably zero
@@ -93,4 +126,4 @@ def verify(f: Callable, x: torch.Tensor, pattern=None, *, points: int = 3, scale
     hit = int(O.multiply(P).nnz)
     pnnz, onnz = int(P.nnz), int(O.nnz)
     return VerifyReport(ok=not missed, missed=missed, extra=pnnz - hit, pattern_nnz=pnnz, observed_nnz=onnz,
-                        precision=hit / pnnz if pnnz else 1.0, recall=hit / onnz if onnz else 1.0, points=npts)
+                        precision=hit / pnnz if pnnz else 1.0, recall=hit / onnz if onnz else 1.0, points=points)

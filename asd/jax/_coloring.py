@@ -11,19 +11,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from asd.decompression.plans import DirectPlan, SubstitutionPlan
+
 
 @dataclass(frozen=True)
-class Forward:
+class _Seeds:
+    seeds: np.ndarray
+
+
+class Forward(_Seeds):
     """Seed rows ``S`` (``(k, n)``): products ``J @ S[c]`` (JVPs, or HVPs ``H @ S[c]``)."""
 
-    seeds: np.ndarray
 
-
-@dataclass(frozen=True)
-class Reverse:
+class Reverse(_Seeds):
     """Seed rows ``S`` (``(k, m)``): products ``S[c]^T J`` (VJPs)."""
-
-    seeds: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -33,22 +34,8 @@ class Gather:
     index: np.ndarray
 
 
-@dataclass(frozen=True)
-class Substitution:
-    """Level-sorted substitution steps (see :mod:`asd.decompression.plans`)."""
-
-    step_pos: np.ndarray
-    step_pos_t: np.ndarray
-    step_src: np.ndarray
-    dep_ptr: np.ndarray
-    dep_pos: np.ndarray
-    dep_step: np.ndarray
-    level_ptr: np.ndarray
-    nnz: int
-
-    @property
-    def nlevels(self) -> int:
-        return len(self.level_ptr) - 1
+#: level-sorted substitution steps: the plan itself (its arrays are read-only int64 already)
+Substitution = SubstitutionPlan
 
 
 def seed_blocks(coloring) -> list:
@@ -61,14 +48,10 @@ def seed_blocks(coloring) -> list:
 
 def decompression(coloring) -> Gather | Substitution:
     """How the stored values (CSR order of the coloring's pattern) come from the compressed buffer."""
-    from asd.decompression.plans import DirectPlan
-
     plan = coloring.plan
     if isinstance(plan, DirectPlan):
         return Gather(np.asarray(plan.gather, dtype=np.int64))
-    return Substitution(*(np.asarray(getattr(plan, name), dtype=np.int64) for name in
-                          ("step_pos", "step_pos_t", "step_src", "dep_ptr", "dep_pos", "dep_step", "level_ptr")),
-                        nnz=int(plan.nnz))
+    return plan
 
 
 def structure(coloring) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:

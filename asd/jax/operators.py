@@ -19,14 +19,12 @@ from jax.experimental import sparse as jsparse
 from ..coloring import symmetric_pattern
 from ..coloring.choose import choose_hessian, choose_jacobian
 from ..errors import InputError
+from ..operators import HESSIAN_COLORINGS, JACOBIAN_COLORINGS, MODES
 from ..patterns import SparsityPattern, as_pattern
 from . import _coloring as C
 from .detection import check_input, hessian_sparsity, jacobian_sparsity
 from .evaluation import batched, decompressor, jacobian_products
 
-JACOBIAN_COLORINGS = ("column", "row", "bidirectional")
-HESSIAN_COLORINGS = ("star", "acyclic")
-MODES = ("auto", "forward", "reverse")
 #: the default Hessian coloring takes acyclic only when its substitution has at most this many
 #: sequential levels (each level is one iteration of a loop inside the jitted call)
 MAX_SUBSTITUTION_LEVELS = 64

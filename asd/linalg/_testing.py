@@ -23,13 +23,7 @@ def random_sparse(n: int, m: int, *, density: float = 0.3, layout=torch.sparse_c
     D = torch.randn(shape, generator=g, dtype=torch.float64) * mask
     if diag:
         D = D + diag * torch.eye(n, dtype=torch.float64)
-    if tri == "lower":
-        D = torch.tril(D)
-    elif tri == "upper":
-        D = torch.triu(D)
-    elif tri == "strict":
-        D = torch.tril(D, -1)
-    D = D.to(dtype)
+    D = _triangle(D, tri).to(dtype)
     if layout == torch.sparse_csr:
         S = D.to_sparse_csr() if batch is None else _batched_csr(D, mask, tri, diag)
     else:
@@ -40,17 +34,22 @@ def random_sparse(n: int, m: int, *, density: float = 0.3, layout=torch.sparse_c
     return S, D
 
 
+def _triangle(M: torch.Tensor, tri: Optional[str]) -> torch.Tensor:
+    """The ``"lower"``, ``"upper"`` or ``"strict"`` (strictly lower) triangle of ``M``, or all of it."""
+    if tri == "lower":
+        return torch.tril(M)
+    if tri == "upper":
+        return torch.triu(M)
+    if tri == "strict":
+        return torch.tril(M, -1)
+    return M
+
+
 def _batched_csr(D, mask, tri, diag):
     # one shared structure so every batch item has the same nnz
     n, m = mask.shape
     struct = mask | (torch.eye(n, m, dtype=torch.bool) if diag else torch.zeros_like(mask))
-    if tri == "lower":
-        struct = torch.tril(struct)
-    elif tri == "upper":
-        struct = torch.triu(struct)
-    elif tri == "strict":
-        struct = torch.tril(struct, -1)
-    idx = struct.nonzero()
+    idx = _triangle(struct, tri).nonzero()
     crow = torch.zeros(n + 1, dtype=torch.int64)
     crow[1:] = torch.cumsum(torch.bincount(idx[:, 0], minlength=n), 0)
     B = D.shape[0]

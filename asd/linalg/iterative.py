@@ -104,46 +104,56 @@ class _Krylov(Solver):
 
 
 @dataclass(frozen=True)
-class CG(_Krylov):
+class _SquareKrylov(_Krylov):
+    """A solver of square systems: runs ``_iteration`` (a loop of :mod:`asd.linalg.krylov`) and has
+    converged when the residual meets the tolerance."""
+
+    _iteration: ClassVar[Callable]
+
+    def _options(self) -> dict:
+        """Extra keyword arguments of ``_iteration``."""
+        return {}
+
+    def _iterate(self, A, AT, b, x, tol, maxiter, M):
+        x, it, rn = self._iteration(A, b, x, tol, maxiter, M, self.check_every, **self._options())
+        return x, it, rn, rn <= tol
+
+
+@dataclass(frozen=True)
+class CG(_SquareKrylov):
     """Conjugate gradients for symmetric positive definite A (preconditioner SPD too)."""
 
-    def _iterate(self, A, AT, b, x, tol, maxiter, M):
-        x, it, rn = krylov.cg(A, b, x, tol, maxiter, M, self.check_every)
-        return x, it, rn, rn <= tol
+    _iteration = staticmethod(krylov.cg)
 
 
 @dataclass(frozen=True)
-class BiCGStab(_Krylov):
+class BiCGStab(_SquareKrylov):
     """BiCGSTAB for general square A (right preconditioning)."""
 
-    def _iterate(self, A, AT, b, x, tol, maxiter, M):
-        x, it, rn = krylov.bicgstab(A, b, x, tol, maxiter, M, self.check_every)
-        return x, it, rn, rn <= tol
+    _iteration = staticmethod(krylov.bicgstab)
 
 
 @dataclass(frozen=True)
-class MINRES(_Krylov):
+class MINRES(_SquareKrylov):
     """MINRES for symmetric (possibly indefinite) A with an SPD preconditioner."""
 
-    def _iterate(self, A, AT, b, x, tol, maxiter, M):
-        x, it, rn = krylov.minres(A, b, x, tol, maxiter, M, self.check_every)
-        return x, it, rn, rn <= tol
+    _iteration = staticmethod(krylov.minres)
 
 
 @dataclass(frozen=True)
-class GMRES(_Krylov):
+class GMRES(_SquareKrylov):
     """Restarted GMRES for general square A (right preconditioning; ``maxiter`` counts inner
     iterations, ``restart`` is the Krylov space size between restarts)."""
 
+    _iteration = staticmethod(krylov.gmres)
     restart: int = 30
 
     def __post_init__(self):
         super().__post_init__()
         check_count(self.restart, "restart")
 
-    def _iterate(self, A, AT, b, x, tol, maxiter, M):
-        x, it, rn = krylov.gmres(A, b, x, tol, maxiter, M, self.check_every, restart=self.restart)
-        return x, it, rn, rn <= tol
+    def _options(self) -> dict:
+        return {"restart": self.restart}
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,15 @@ def _block(it: int, maxiter: int, check_every: int) -> range:
     return range(min(check_every, maxiter - it))
 
 
-def cg(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int):
+def _residual(A: Op, b: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """``r = b - A x`` and its norm, read back."""
     r = b - A(x)
     (rn,) = read_back(_norm(r))
+    return r, rn
+
+
+def cg(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int):
+    r, rn = _residual(A, b, x)
     if rn <= tol:
         return x, 0, rn
     z = M(r) if M else r
@@ -79,8 +85,7 @@ def cg(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int)
 
 
 def bicgstab(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int):
-    r = b - A(x)
-    (rn,) = read_back(_norm(r))
+    r, rn = _residual(A, b, x)
     if rn <= tol:
         return x, 0, rn
     it = 0
@@ -121,8 +126,7 @@ def bicgstab(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every
 
 def minres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int):
     """MINRES of Paige and Saunders for symmetric (possibly indefinite) ``A``, SPD ``M``."""
-    r1 = b - A(x)
-    (rn,) = read_back(_norm(r1))
+    r1, rn = _residual(A, b, x)
     if rn <= tol:
         return x, 0, rn
     y = M(r1) if M else r1
@@ -172,10 +176,10 @@ def minres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: 
         if stop_bad:
             break
         if pb <= tol or stop_done:
-            (rn,) = read_back(_norm(b - A(x)))             # phibar is the M^-1-norm: confirm
+            _, rn = _residual(A, b, x)                     # phibar is the M^-1-norm: confirm
             if rn <= tol or stop_done:
                 return x, it, rn
-    return x, it, read_back(_norm(b - A(x)))[0]
+    return x, it, _residual(A, b, x)[1]
 
 
 def gmres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int,
@@ -185,8 +189,7 @@ def gmres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: i
     total = 0
     opts = dict(dtype=b.dtype, device=b.device)
     while True:
-        r = b - A(x)
-        (rn,) = read_back(_norm(r))
+        r, rn = _residual(A, b, x)
         if rn <= tol or total >= maxiter:
             return x, total, rn
         V = [r / rn]

@@ -3,6 +3,8 @@ element map is computed with numpy on an array of element ids and applied with o
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ...detection import sets as S
@@ -101,14 +103,21 @@ def stacked(ctx, which=None):
     return S.vstack(mats), offsets
 
 
-def concatenate(ctx):
-    if all(ctx.sets(i) is None for i in range(len(ctx.ins))):
-        return [None]
-    allsets, offsets = stacked(ctx)
-    parts = [ids(v.shape) + o for v, o in zip(ctx.ins, offsets)]
-    return [take(allsets, np.concatenate(parts, axis=ctx.params["dimension"]))]
+def joining(join: Callable, axis: str) -> Callable:
+    """The rule of a primitive that joins its operands with ``join(ids, axis=ctx.params[axis])``
+    (``np.concatenate``, ``np.stack``)."""
+
+    def rule(ctx):
+        if all(ctx.sets(i) is None for i in range(len(ctx.ins))):
+            return [None]
+        allsets, offsets = stacked(ctx)
+        parts = [ids(v.shape) + o for v, o in zip(ctx.ins, offsets)]
+        return [take(allsets, join(parts, axis=ctx.params[axis]))]
+
+    return rule
 
 
+concatenate = joining(np.concatenate, "dimension")
 register("concatenate", concatenate, LINEAR, "movement")
 
 
@@ -123,14 +132,7 @@ def split(ctx):
 register("split", split, LINEAR, "movement")
 
 
-def stack(ctx):
-    if all(ctx.sets(i) is None for i in range(len(ctx.ins))):
-        return [None]
-    allsets, offsets = stacked(ctx)
-    parts = [ids(v.shape) + o for v, o in zip(ctx.ins, offsets)]
-    return [take(allsets, np.stack(parts, axis=ctx.params["axis"]))]
-
-
+stack = joining(np.stack, "axis")
 register("stack", stack, LINEAR, "movement")
 
 

@@ -83,3 +83,21 @@ def test_cuda():
     out = substitute(res.plan, torch.tensor(B, device="cuda"))
     assert out.device.type == "cuda"
     np.testing.assert_allclose(out.cpu().numpy(), v, rtol=1e-10, atol=1e-10)
+
+
+def test_cpu_decompressor_leaves_the_levelwise_tensors_unbuilt():
+    """On the CPU the Numba kernel reads the plan: the level-wise index tensors (one slice per level
+    of the elimination tree, tens of thousands on a long chain) are built only for the device path."""
+    import asd
+    from asd.decompression import device as dev
+    from asd.decompression.device import Decompressor
+    from asd.problems import rosenbrock
+
+    x = torch.linspace(-1.0, 1.0, 400, dtype=torch.float64)
+    op = asd.prepare_hessian(rosenbrock, x, coloring="acyclic")
+    dev.clear_prepared()
+    dec = Decompressor(op.coloring, "cpu")
+    assert op.coloring.plan not in dev._PREPARED
+    H = dec.csr(dec.values(op.compressed(x))).to_dense()
+    torch.testing.assert_close(H, torch.func.hessian(rosenbrock)(x))
+    assert op.coloring.plan not in dev._PREPARED

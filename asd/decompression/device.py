@@ -154,8 +154,10 @@ class Decompressor:
         self.crow = _t(coloring.indptr, self.device)
         self.col = _t(coloring.indices, self.device)
         self.rows = _t(coloring.pattern.rows, self.device)
-        prep = prepared(self.plan, self.device)
-        self.index = prep.index if isinstance(prep, PreparedGather) else None
+        # a direct plan's gather index now; a substitution plan's level-wise tensors only if the
+        # level-wise path runs (off the CPU): on the CPU the Numba kernel reads the plan itself, and
+        # a long elimination tree has tens of thousands of levels
+        self.index = prepared(self.plan, self.device).index if isinstance(self.plan, DirectPlan) else None
 
     def values(self, compressed: torch.Tensor) -> torch.Tensor:
         """Values of the stored entries, in CSR order, from the flat compressed buffer."""

@@ -24,8 +24,9 @@ __all__ = ["color", "check", "Coloring", "ColumnColoring", "RowColoring", "StarC
 
 #: a coloring is not attempted when some row (column) already holds this fraction of all columns
 #: (rows) - it needs at least that many colors, so compression cannot pay - and the greedy kernel
-#: would cost more than :data:`DENSE_COST`: one color per column (row) is used instead.
-DENSE_FRACTION = 0.5
+#: would cost more than :data:`DENSE_COST`: one color per column (row) is used instead. (At 0.5 the
+#: SMB Jacobian's row coloring, 4655 colors for 8570 rows in 0.3 s, was skipped.)
+DENSE_FRACTION = 0.75
 #: the greedy kernels' work (sum of squared degrees) above which a hopeless coloring is skipped
 DENSE_COST = 20_000_000
 

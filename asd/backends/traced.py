@@ -19,8 +19,10 @@ import torch
 
 __all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES"]
 
-#: calls evaluated through torch.func before the products are recorded
-CALLS_BEFORE_TRACING = 2
+#: calls evaluated through torch.func before the products are recorded: recording costs tens of
+#: eager calls (0.5 s for the cart-pole Hessian, whose IPOPT solve makes about 15 calls and took
+#: 1.4 s with recording after 2 or 10 calls, 0.57 s without), so only operators in long loops pay it
+CALLS_BEFORE_TRACING = 50
 #: fingerprint changes after which the operator stops tracing
 MAX_MISSES = 2
 

@@ -308,3 +308,18 @@ def test_untracked_writes_keep_the_dependencies_reverse_mode_sees(x, f):
     assert not ((dense != 0) & ~P).any()
     J = _quiet(lambda: asd.prepare_jacobian(f, x.clone()))(x.clone()).to_dense()
     torch.testing.assert_close(J, dense)
+
+
+@pytest.mark.parametrize("name", ["eigh_upper", "embedding_padding"])
+def test_modes_that_disagree_follow_reverse_mode(name):
+    """Where PyTorch's forward and reverse modes disagree by convention (eigh's symmetrized backward,
+    embedding's padding row without gradient), asd returns what reverse-mode autograd returns."""
+    if name == "eigh_upper":
+        f = lambda z: torch.linalg.eigh(z.reshape(4, 4) + 4 * torch.eye(4, dtype=z.dtype), UPLO="U")[0]  # noqa: E731
+        x = torch.rand(16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    else:
+        f = lambda z: F.embedding(torch.tensor([0, 2, 3, 3]), z.reshape(4, 2), padding_idx=3).reshape(-1)  # noqa: E731
+        x = torch.rand(8, dtype=torch.float64)
+    op = _quiet(lambda: asd.prepare_jacobian(f, x))
+    assert op.mode == "reverse" or op.strategy == "autograd loop"
+    torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x).reshape(-1, x.numel()))

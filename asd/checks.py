@@ -89,13 +89,15 @@ def _tolerance(dtype: torch.dtype) -> float:
 
 
 def _floor(g: Callable, x: torch.Tensor, dtype: torch.dtype, order: int) -> float:
-    """Differences that are rounding for ``g`` at ``x``: ``eps ** 0.75 * max|g(x)| / max(|x|, 1) ** order``
-    (``order`` 1 for Jacobians, 2 for Hessians)."""
+    """Differences that are rounding for ``g`` at ``x``: ``eps ** 0.75 * max|g(x)| / s ** order`` with
+    ``s = max(|x|, 1)`` (``order`` 1 for Jacobians, 2 for Hessians), and at least ``16 eps / s ** (order - 1)``
+    (a function that cancels to zero, ``cross(a, a)``, leaves products of a few ulps of its inputs)."""
     with torch.enable_grad():
         y = g(x.detach().clone().requires_grad_(True)).detach()
     size = float(y.abs().max()) if y.numel() else 0.0
     xs = max(float(x.abs().max()) if x.numel() else 0.0, 1.0)
-    return float(torch.finfo(dtype).eps) ** 0.75 * size / xs ** order
+    eps = float(torch.finfo(dtype).eps)
+    return max(eps ** 0.75 * size / xs ** order, 16 * eps / xs ** (order - 1))
 
 
 # the AD building blocks (asd.detection.ad_gaps.MODES) of each probe product

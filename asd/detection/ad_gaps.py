@@ -73,7 +73,7 @@ GAPS: dict = {
     **{f"aten::{name}": (Gap(name, frozenset({"reverse_over_forward"}), _ROF.format(name)),)
        for name in ("native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
                     "_native_batch_norm_legit_no_training", "_linalg_det", "_linalg_slogdet", "_linalg_solve_ex",
-                    "linalg_householder_product", "linalg_eig", "_safe_softmax")},
+                    "linalg_householder_product", "linalg_eig", "_safe_softmax", "cumprod")},
     **{f"torch_nn::{name}": (Gap(name, frozenset({"forward"}), f"PyTorch's forward-mode derivative of {name} is wrong"),)
        for name in ("_linear_cross_entropy_batch_chunked", "_linear_cross_entropy_vocab_chunked",
                     "_linear_cross_entropy_batch_chunked_no_reduction",

@@ -150,11 +150,21 @@ def _failures(rank: int) -> None:
         assert J is None if output == "root" and rank != 0 else torch.equal(J.to_dense(), torch.diag(2 * x)[r0:r1])
 
 
+def _child(rank: int, fn, world: int, port: int, *args) -> None:
+    """``fn`` in a spawned process, which then ends without running C++ destructors: gloo's threads
+    sometimes abort the interpreter's teardown ("terminate called without an active exception")
+    after every collective has finished and the process group is destroyed."""
+    fn(rank, world, port, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _spawn(fn, world: int, *args, timeout: float = 240) -> None:
     """Run ``fn(rank, world, port, *args)`` in ``world`` processes; a hang fails instead of blocking."""
     import time
 
-    context = mp.spawn(fn, args=(world, _free_port(), *args), nprocs=world, join=False)
+    context = mp.spawn(_child, args=(fn, world, _free_port(), *args), nprocs=world, join=False)
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1):  # raises the first child's exception
         if time.monotonic() > deadline:

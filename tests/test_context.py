@@ -323,3 +323,28 @@ def test_modes_that_disagree_follow_reverse_mode(name):
     op = _quiet(lambda: asd.prepare_jacobian(f, x))
     assert op.mode == "reverse" or op.strategy == "autograd loop"
     torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x).reshape(-1, x.numel()))
+
+
+class _ShiftInPlace(torch.autograd.Function):
+    """Its forward runs with recording off and writes into a buffer in place."""
+
+    @staticmethod
+    def forward(ctx, z):
+        buf = torch.zeros_like(z)
+        buf[1:] = z[:-1]
+        buf.mul_(2)
+        return buf
+
+    @staticmethod
+    def backward(ctx, g):
+        out = torch.zeros_like(g)
+        out[:-1] = 2 * g[1:]
+        return out
+
+
+def test_in_place_writes_inside_an_autograd_function_keep_their_dependencies(x):
+    f = lambda z: _ShiftInPlace.apply(z) * z  # noqa: E731
+    dense = _dense_jacobian(f, x)
+    P = torch.as_tensor(asd.jacobian_sparsity(f, x).toarray())
+    assert not ((dense != 0) & ~P).any()
+    torch.testing.assert_close(_quiet(lambda: asd.prepare_jacobian(f, x, mode="reverse"))(x).to_dense(), dense)

@@ -525,11 +525,13 @@ class Tracer:
             for (j, _), s in zip(writes, out_sets):
                 target = b_args[j]
                 target = (restore or {}).get(id(target), target)
-                if torch.is_grad_enabled() and not target._detached:
+                if not target._detached:
+                    # also with recording off (a no_grad region, an autograd.Function's forward): the
+                    # written sets are what reverse mode sees wherever the result is tracked
                     self._write(target, s)
                 elif s is not None and s.nnz:
-                    # autograd does not record this write (no_grad, or through a detached alias): the
-                    # target keeps the dependencies it had, as reverse mode sees it
+                    # through a detached alias autograd does not see the write: the tensor behind it
+                    # keeps the dependencies it had, as reverse mode sees them
                     self.no_grad_cut = True
                 results.append(target)
             return results[0] if len(results) == 1 and not isinstance(pout, (list, tuple)) else tuple(results)

@@ -303,7 +303,7 @@ class _SparseOperator:
     def _raise_if_f_fails(self, x: torch.Tensor) -> None:
         """Raise ``f``'s own error at ``x`` (not a transform's): a strategy that ran before is only
         replaced when ``f`` itself runs here."""
-        with torch.enable_grad():
+        with torch.enable_grad(), self._guard.protect(always=True):
             xr = _private(x)
             if xr.is_floating_point():
                 xr.requires_grad_(True)
@@ -355,7 +355,7 @@ class _SparseOperator:
         if values is None:
             values = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
             values = values.to(self.dtype)
-        with EVAL_LOCK:
+        with EVAL_LOCK, self._guard.protect(always=True):  # the probe's own run of f leaves no trace
             self._call_args = call_args
             report = probe(self, x, values)
         self.last_check = report

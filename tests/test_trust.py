@@ -372,3 +372,20 @@ def test_sparse_jacobian_with_args():
     assert_jac(J, lambda z: rhs(0.7, z), X)
     H = asd.sparse_hessian(lambda y, t: (rhs(t, y) ** 2).sum(), X, args=(0.3,))
     torch.testing.assert_close(H.to_dense(), torch.func.hessian(lambda z: (rhs(0.3, z) ** 2).sum())(X))
+
+
+def test_the_probe_leaves_module_state_as_one_call_does():
+    """A checked call runs f once more for its cross-mode product; BatchNorm's running statistics
+    must change as for an unchecked call, not twice."""
+    def run(check):
+        torch.manual_seed(0)
+        bn = torch.nn.BatchNorm1d(3).double()
+        x = torch.rand(12, dtype=torch.float64)
+        op = asd.prepare_jacobian(lambda z: bn(z.reshape(4, 3)).reshape(-1), x, check=check)
+        before, mean = bn.num_batches_tracked.item(), bn.running_mean.clone()
+        op(x)
+        return bn.num_batches_tracked.item() - before, bn.running_mean - mean
+
+    (n_plain, d_plain), (n_checked, d_checked) = run(False), run(True)
+    assert n_checked == n_plain
+    torch.testing.assert_close(d_checked, d_plain)

@@ -75,8 +75,10 @@ class Tracing:
                 return None
             from torch.fx.experimental.proxy_tensor import make_fx
 
+            from .graph_passes import simplify
+
             try:
-                graph = make_fx(lambda a, b: fn(a, b))(x, seeds)
+                graph = simplify(make_fx(lambda a, b: fn(a, b))(x, seeds))
                 if self.compile:
                     graph = torch.compile(graph, dynamic=False)
                 out = graph(x, seeds)

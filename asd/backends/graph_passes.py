@@ -68,3 +68,76 @@ def simplify(gm: GraphModule) -> GraphModule:
     graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+_aten = torch.ops.aten
+#: functional pointwise ops and their in-place twins (the same kernel writing into its first operand)
+_IN_PLACE = {
+    _aten.add.Tensor: _aten.add_.Tensor, _aten.sub.Tensor: _aten.sub_.Tensor,
+    _aten.mul.Tensor: _aten.mul_.Tensor, _aten.div.Tensor: _aten.div_.Tensor,
+    _aten.neg.default: _aten.neg_.default,
+}
+#: exactly commutative in IEEE arithmetic: the operands may be swapped to write into the second
+_COMMUTATIVE = {_aten.add.Tensor, _aten.mul.Tensor}
+#: ops whose output is always a new tensor of their own
+_FRESH = {_aten.roll.default, _aten.cat.default, _aten.stack.default, _aten.index_select.default,
+          _aten.clone.default}
+
+
+def _fresh(node: Node) -> bool:
+    t = node.target
+    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
+        return False
+    if t in _FRESH:
+        return True
+    return (torch.Tag.pointwise in t.tags and not t._schema.is_mutable and len(t._schema.returns) == 1
+            and t._schema.returns[0].alias_info is None)
+
+
+def _contiguous_meta(node) -> "object | None":
+    m = node.meta.get("tensor_meta") if isinstance(node, Node) else None
+    if m is None or not hasattr(m, "stride"):
+        return None
+    expected, step = [], 1
+    for size in reversed(m.shape):
+        expected.append(step)
+        step *= max(size, 1)
+    if any(s != 1 and st != e for s, st, e in zip(reversed(m.shape), reversed(m.stride), expected)):
+        return None
+    return m
+
+
+def _reusable(s, out_meta) -> bool:
+    if not isinstance(s, Node) or len(s.users) != 1 or not _fresh(s):
+        return False
+    m = _contiguous_meta(s)
+    return m is not None and tuple(m.shape) == tuple(out_meta.shape) and m.dtype == out_meta.dtype
+
+
+def reuse_buffers(gm: GraphModule) -> GraphModule:
+    """Write pointwise results into an operand's buffer where that operand is a fresh intermediate
+    used nowhere else, in place in ``gm`` (for eager replay; a compiler plans its own buffers).
+
+    The in-place twin runs the same kernel on the same operands in the same order: the same bits,
+    without allocating and first-touching a new buffer.
+    """
+    graph = gm.graph
+    for node in list(graph.nodes):
+        target = node.target
+        if node.op != "call_function" or target not in _IN_PLACE or node.kwargs:
+            continue
+        out_meta = _contiguous_meta(node)
+        if out_meta is None:
+            continue
+        args = list(node.args)
+        if not _reusable(args[0], out_meta):
+            if (target in _COMMUTATIVE and len(args) == 2 and isinstance(args[0], Node)
+                    and _contiguous_meta(args[0]) is not None and _reusable(args[1], out_meta)
+                    and tuple(_contiguous_meta(args[0]).shape) == tuple(out_meta.shape)):
+                args = [args[1], args[0]]
+            else:
+                continue
+        node.target = _IN_PLACE[target]
+        node.args = tuple(args)
+    gm.recompile()
+    return gm

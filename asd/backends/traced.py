@@ -75,12 +75,14 @@ class Tracing:
                 return None
             from torch.fx.experimental.proxy_tensor import make_fx
 
-            from .graph_passes import simplify
+            from .graph_passes import reuse_buffers, simplify
 
             try:
                 graph = simplify(make_fx(lambda a, b: fn(a, b))(x, seeds))
                 if self.compile:
                     graph = torch.compile(graph, dynamic=False)
+                else:
+                    graph = reuse_buffers(graph)
                 out = graph(x, seeds)
             except Exception as exc:  # noqa: BLE001 - not traceable: keep the transforms
                 self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"

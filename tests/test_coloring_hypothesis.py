@@ -81,3 +81,31 @@ def test_best(pattern, problem):
     C.check(pattern, res, rounds=1)
     nat = C.color(pattern, problem, "natural", postprocess=True)
     assert res.ncolors <= nat.ncolors
+
+
+@SETTINGS
+@given(patterns(square=True), st.sampled_from(C.ORDERS), st.integers(0, 3))
+def test_row_and_column_problems_of_a_symmetric_pattern_agree(pattern, order, seed):
+    """What lets the default Jacobian coloring color a symmetric pattern only once."""
+    A = sp.csr_array(pattern).astype(bool)
+    S = sp.csr_array(A + A.T)
+    col = C.color(S, "column", order, seed=seed)
+    row = C.color(S, "row", order, seed=seed)
+    assert col.ncolors == row.ncolors
+    np.testing.assert_array_equal(col.colors, row.colors)
+
+
+def test_default_jacobian_coloring_of_a_symmetric_pattern_colors_once(monkeypatch):
+    from asd.coloring import choose
+    from asd.detection import jacobian_pattern
+    from asd.problems import brusselator, brusselator_input
+
+    P = jacobian_pattern(brusselator(8), brusselator_input(8))
+    assert P.is_symmetric
+    calls = []
+    real = C.color
+    monkeypatch.setattr(C, "color", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    res = choose.choose_jacobian(P, None, "natural", prefer="row")
+    assert calls == ["row"] and res.problem == "row"
+    assert choose.choose_jacobian(P, None, "natural", prefer="column").problem == "column"
+    assert C.check(P.to_scipy(), res)

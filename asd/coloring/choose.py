@@ -20,6 +20,10 @@ def choose_jacobian(pattern: SparsityPattern, problem: str | None, order: str, *
     m, n = pattern.shape
     if hopeless(pattern, "column") and hopeless(pattern, "row"):
         return color(pattern, "column" if n <= m else "row", order=order)
+    if pattern.input_shape == pattern.output_shape and pattern.is_symmetric:
+        # the row problem of a symmetric pattern is its column problem: the same graph, the same
+        # order, the same colors
+        return color(pattern, prefer, order=order)
     col = color(pattern, "column", order=order)
     row = color(pattern, "row", order=order)
     if col.ncolors != row.ncolors:

@@ -4,6 +4,8 @@ and ``op.strategy`` saying what runs. Every result is checked against dense floa
 
 import copy
 
+import warnings
+
 import pytest
 import torch
 
@@ -72,10 +74,30 @@ def test_batchnorm_in_training_mode_runs_once_like_autograd():
 def test_hessian_through_custom_function():
     f = lambda x: Cube.apply(x).sum() * x[0]  # noqa: E731
     x = torch.rand(5, dtype=torch.float64)
-    op = asd.prepare_hessian(f, x)
+    ref = torch.autograd.functional.hessian(f, x)
+    op = asd.prepare_hessian(f, x, hvp="forward_over_reverse")
     with pytest.warns(RuntimeWarning):
         H = op(x)
-    torch.testing.assert_close(H.to_dense(), torch.autograd.functional.hessian(f, x))
+    torch.testing.assert_close(H.to_dense(), ref)
+    assert op.strategy == "autograd loop"
+
+
+def test_hessian_warmup_through_custom_function_falls_back_when_the_batched_products_start():
+    from asd.backends.traced import CALLS_BEFORE_TRACING
+
+    f = lambda x: Cube.apply(x).sum() * x[0]  # noqa: E731
+    x = torch.rand(5, dtype=torch.float64)
+    ref = torch.autograd.functional.hessian(f, x)
+    op = asd.prepare_hessian(f, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # double backward evaluates the first calls: nothing to fall back from
+        for _ in range(CALLS_BEFORE_TRACING):
+            torch.testing.assert_close(op(x).to_dense(), ref)
+    with pytest.warns(RuntimeWarning, match="cannot evaluate"):
+        H = op(x)  # the batched products' first call (to record them) fails: the loop for good
+    torch.testing.assert_close(H.to_dense(), ref)
+    assert op.strategy == "autograd loop"
+    torch.testing.assert_close(op(x).to_dense(), ref)
 
 
 def test_explicit_backend_is_never_replaced():

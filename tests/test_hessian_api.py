@@ -117,3 +117,76 @@ def test_default_hvp_is_exact_where_double_backward_is_nan():
 
     x = torch.tensor([0.5, 0.0, 2.0], dtype=torch.float64)
     torch.testing.assert_close(asd.sparse_hessian(fn, x).to_dense(), torch.func.hessian(fn)(x))
+
+
+def test_hessian_warmup_by_double_backward_then_the_recorded_graph(monkeypatch):
+    """hvp="auto" on the CPU with few colors: double backward until the batched products are
+    recorded, then the recorded graph; every call matches dense autograd."""
+    from asd import operators
+    from asd.backends.autograd_loop import AutogradLoop
+    from asd.backends.traced import CALLS_BEFORE_TRACING
+    from asd.problems import rosenbrock
+
+    x = torch.rand(40, dtype=torch.float64)
+    ref = torch.func.hessian(rosenbrock)(x)
+    op = asd.prepare_hessian(rosenbrock, x, check=False)
+    assert op.ncolors <= operators.LOOP_MAX_COLORS and op._warmup is not None
+    ran = []
+    real = AutogradLoop.compute
+    monkeypatch.setattr(AutogradLoop, "compute", lambda self, *a: ran.append(1) or real(self, *a))
+    for _ in range(CALLS_BEFORE_TRACING):
+        torch.testing.assert_close(op(x).to_dense(), ref, rtol=1e-12, atol=1e-12)
+    assert len(ran) == CALLS_BEFORE_TRACING
+    tracing = op._warmup.tracing
+    assert not tracing.graphs
+    for _ in range(3):
+        torch.testing.assert_close(op(x).to_dense(), ref, rtol=1e-12, atol=1e-12)
+    assert len(ran) == CALLS_BEFORE_TRACING and tracing.graphs
+
+
+@pytest.mark.parametrize("options, warm", [({}, True), (dict(coloring="acyclic"), True),
+                                           (dict(hvp="forward_over_reverse"), False),
+                                           (dict(hvp="reverse_over_forward"), False), (dict(compile=True), False),
+                                           ("backend", False)])
+def test_hessian_warmup_only_for_the_default_eager_strategy(options, warm):
+    from asd.backends import ForwardOverReverseHVP
+    from asd.problems import rosenbrock
+
+    if options == "backend":
+        options = dict(backend=ForwardOverReverseHVP())
+    x = torch.rand(12, dtype=torch.float64)
+    op = asd.prepare_hessian(rosenbrock, x, **options)
+    assert (op._warmup is not None) == warm
+
+
+def test_hessian_warmup_skipped_for_inputs_that_require_grad():
+    from asd.problems import rosenbrock
+
+    x = torch.rand(12, dtype=torch.float64)
+    op = asd.prepare_hessian(rosenbrock, x, check=False)
+    xr = x.clone().requires_grad_(True)
+    op.values(xr)
+    assert op._warmup.calls == 0
+    op.values(x)
+    assert op._warmup.calls == 1
+
+
+def test_hessian_warmup_for_good_without_tracing():
+    from asd.problems import rosenbrock
+    from asd.backends.traced import CALLS_BEFORE_TRACING
+
+    x = torch.rand(12, dtype=torch.float64)
+    op = asd.prepare_hessian(rosenbrock, x, check=False, trace=False)
+    for _ in range(CALLS_BEFORE_TRACING + 3):
+        op.values(x)
+    assert op._warmup.calls == CALLS_BEFORE_TRACING + 3
+    torch.testing.assert_close(op(x).to_dense(), torch.func.hessian(rosenbrock)(x), rtol=1e-12, atol=1e-12)
+
+
+def test_rebound_hessian_warms_up_its_own_function():
+    x = torch.rand(6, dtype=torch.float64)
+    op = asd.prepare_hessian(lambda v: (v ** 3).sum(), x, check=False)
+    new = op.rebind(lambda v: (2 * v ** 3).sum())
+    assert new._warmup is not op._warmup
+    torch.testing.assert_close(new(x).to_dense(), torch.diag(12 * x), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(op(x).to_dense(), torch.diag(6 * x), rtol=1e-12, atol=1e-12)

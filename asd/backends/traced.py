@@ -47,6 +47,9 @@ class Tracing:
         self.graphs: dict = {}
         self.stamp = None
         self.calls = 0
+        #: eager calls before the products are recorded (an operator that evaluated its first calls
+        #: another way sets it to 0 to record at the next call)
+        self.calls_before = CALLS_BEFORE_TRACING
         self.misses = 0
         self.disabled = False
         self.error: str | None = None
@@ -71,7 +74,7 @@ class Tracing:
         key = (tuple(seeds.shape), seeds.dtype)
         graph = self.graphs.get(key)
         if graph is None:
-            if self.calls <= (0 if self.compile else CALLS_BEFORE_TRACING):
+            if self.calls <= (0 if self.compile else self.calls_before):
                 return None
             from torch.fx.experimental.proxy_tensor import make_fx
 

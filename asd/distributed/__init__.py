@@ -14,9 +14,10 @@ collective (every rank calls it, with the same ``x``) and returns, by ``output=`
 * ``"root"``: the full matrix on rank 0, ``None`` on the others.
 
 The values have the same bits as one process's :func:`asd.prepare_jacobian` /
-:func:`asd.prepare_hessian` operator wherever a product does not depend on how many seeds are
-batched together (see :mod:`asd.distributed.operator`): every product is computed by the same
-batched function.
+:func:`asd.prepare_hessian` operator with the same flavour (for a Hessian, the explicit
+``hvp=`` this operator runs: ``hvp="auto"`` in one process evaluates its first calls by double
+backward) wherever a product does not depend on how many seeds are batched together (see
+:mod:`asd.distributed.operator`): every product is computed by the same batched function.
 Direct colorings (column, row, bidirectional, star) send only the CSR values; acyclic colorings
 (substitution) send each rank's compressed products to the ranks that substitute. ``op.last_call_bytes``
 counts the bytes a rank sent and received in its latest call.

@@ -335,21 +335,24 @@ class _SparseOperator:
             self._warmup = _Warmup(backend, backend.init(self._g, self._x0, self.coloring, **self._options),
                                    _tracing_of(self.state))
 
-    def _warmup_now(self, x: torch.Tensor) -> _Warmup | None:
-        """The warm-up strategy when it evaluates this call: not for an input that requires grad
-        (its values are not differentiable), and not once the batched products are recorded."""
+    def _warming(self, x: torch.Tensor) -> bool:
+        """Whether the warm-up strategy evaluates a call at ``x``: not for an input that requires
+        grad (its values are not differentiable), and not once the batched products are recorded."""
         w = self._warmup
         if w is None or (x.requires_grad and torch.is_grad_enabled()):
-            return None
+            return False
         t = w.tracing
-        if t is not None and not t.disabled:
-            if t.graphs:
-                return None
-            if w.calls >= CALLS_BEFORE_TRACING:
-                t.calls_before = 0  # record at this call
-                return None
-        w.calls += 1
-        return w
+        return t is None or t.disabled or (not t.graphs and w.calls < CALLS_BEFORE_TRACING)
+
+    def _warmup_now(self, x: torch.Tensor) -> _Warmup | None:
+        """The warm-up strategy if it evaluates this call (counted), else ``None``."""
+        if not self._warming(x):
+            w = self._warmup
+            if w is not None and w.tracing is not None and w.calls >= CALLS_BEFORE_TRACING:
+                w.tracing.calls_before = 0  # the batched products record at their next call
+            return None
+        self._warmup.calls += 1
+        return self._warmup
 
     def _raise_if_f_fails(self, x: torch.Tensor) -> None:
         """Raise ``f``'s own error at ``x`` (not a transform's): a strategy that ran before is only
@@ -696,7 +699,7 @@ class SparseHessian(_SparseOperator):
         """
         self._check(x)
         call_args, changed = self._call_with(args, kwargs)
-        one_pass = (self._settled and self.ncolors > 0
+        one_pass = (self._settled and self.ncolors > 0 and not self._warming(x)
                     and isinstance(getattr(self.backend, "inner", self.backend), ForwardOverReverseHVP))
         if not one_pass:
             H = self.values(x, *args, **kwargs)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+import torch
+
 import asd.coloring as C
 from asd.coloring.check import structurally_orthogonal_columns
 from asd.errors import ColoringError
@@ -181,3 +183,33 @@ def test_first_small_coloring_does_not_import_numba():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     # check() needs no numba either; the coloring ran in Python
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def _bratu(N: int, lam: float = 1.0):
+    """The 2-D Bratu residual on an N x N grid with zero boundary values (5-point Laplacian)."""
+    h = 1.0 / (N + 1)
+
+    def F(u):
+        U = u.reshape(N, N)
+        P = torch.nn.functional.pad(U, (1, 1, 1, 1))
+        lap = (P[2:, 1:-1] + P[:-2, 1:-1] + P[1:-1, 2:] + P[1:-1, :-2] - 4 * U) / h ** 2
+        return (lap + lam * torch.exp(U)).reshape(-1)
+    return F
+
+
+@pytest.mark.parametrize("N, flat", [(7, True), (32, True), (32, False), (60, True)])
+def test_bratu_jacobian_gets_the_optimal_five_colors_by_default(N, flat):
+    """Issue 16, item 9: greedy orders give 7 colors on the 5-point stencil; the optimum is 5."""
+    import asd
+
+    F = _bratu(N)
+    x = torch.rand(N * N, dtype=torch.float64)
+    if not flat:
+        F2 = F
+        F = lambda U: F2(U.reshape(-1)).reshape(N, N)  # noqa: E731 - the grid shape given as x's shape
+        x = x.reshape(N, N)
+    op = asd.prepare_jacobian(F, x)
+    assert op.ncolors == 5
+    assert C.check(op.pattern.to_scipy(), op.coloring)
+    ref = torch.func.jacrev(F)(x).reshape(N * N, N * N)
+    torch.testing.assert_close(op(x).to_dense(), ref, rtol=1e-12, atol=1e-12)

@@ -109,6 +109,276 @@ def _meta_key(a):
     return a
 
 
+# Output metadata without the meta kernel. In PyTorch 2.x many meta kernels are Python references
+# (torch._refs, torch._meta_registrations): the first call of one imports torch._dynamo (through the
+# ``torch._disable_dynamo`` wrapper of the type-promoting references) or sympy (through
+# ``torch._check``), together most of a second of cold start. For functional pointwise ops and a few
+# common others, the tracer computes the output's metadata itself instead: the shape from the
+# operands' shapes, the dtype by running the op on tiny CPU tensors of the operands' dtypes and
+# ranks (``torch.ones([2] * t.dim())``: 0-dim operands keep their lower type-promotion priority, the
+# op checks its dims and dtypes as it would, and no dim of size 1 makes a case of its own, such as
+# var's degrees of freedom), contiguous strides. It answers only
+# where every tensor operand is non-empty and contiguous with canonical strides (the output is then
+# contiguous); anywhere else, or on any error, the meta kernel runs as before (and reports a
+# genuine error in ``f``). tests/test_detection_speed.py checks it against the meta kernels.
+
+# Argument types a functional pointwise op may take here (no memory format, device or layout).
+_POINTWISE_ARG_TYPES = frozenset({"Tensor", "Optional[Tensor]", "number", "Optional[number]", "int",
+                                  "Optional[int]", "float", "Optional[float]", "str", "Optional[str]", "bool"})
+_MEMORY_FORMATS = (None, torch.preserve_format, torch.contiguous_format)
+
+
+def _broadcast_shape(shapes) -> tuple | None:
+    """The broadcast shape of ``shapes``, or ``None`` where they do not broadcast (in plain Python:
+    ``torch.broadcast_shapes`` imports sympy on its first call)."""
+    out = [1] * max((len(s) for s in shapes), default=0)
+    for s in shapes:
+        for i, d in enumerate(s, len(out) - len(s)):
+            if d != 1:
+                if out[i] == 1:
+                    out[i] = d
+                elif out[i] != d:
+                    return None
+    return tuple(out)
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def _expanded_contiguous(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a canonical contiguous tensor, possibly expanded (stride 0) along some dims:
+    to a pointwise op the same as a smaller contiguous operand it broadcasts."""
+    acc = 1
+    for n, st in zip(reversed(t.shape), reversed(t.stride())):
+        if st == 0:
+            continue
+        if st != acc:
+            return False
+        acc *= n
+    return True
+
+
+def _pointwise_shape(b: dict, tensors: list):
+    return _broadcast_shape([tuple(t.shape) for t in tensors])
+
+
+def _same_shape(b: dict, tensors: list):
+    if b.get("memory_format") not in _MEMORY_FORMATS or b.get("layout") not in (None, torch.strided):
+        return None
+    return tuple(b["self"].shape)
+
+
+def _scalar_shape(b: dict, tensors: list):
+    return ()
+
+
+def _normalized_dims(dims, nd: int):
+    """``dims`` (ints, possibly negative) as a set of dims of an ``nd``-dim tensor, or ``None``."""
+    wrap = max(nd, 1)
+    out = set()
+    for d in dims:
+        if not isinstance(d, int) or not -wrap <= d < wrap or d % wrap in out:
+            return None
+        out.add(d % wrap)
+    return out
+
+
+def _reduction(all_if_empty: bool):
+    def shape(b: dict, tensors: list):
+        x, dim = b["self"], b.get("dim")
+        nd = x.dim()
+        if dim is None or (isinstance(dim, (list, tuple)) and not dim):
+            if dim is not None and not all_if_empty:
+                return None
+            dims = set(range(nd))
+        else:
+            dims = _normalized_dims([dim] if isinstance(dim, int) else dim, nd)
+            if dims is None:
+                return None
+        if b.get("keepdim"):
+            return tuple(1 if i in dims else n for i, n in enumerate(x.shape))
+        return tuple(n for i, n in enumerate(x.shape) if i not in dims)
+    return shape
+
+
+def _mm_shape(b: dict, tensors: list):
+    a, m = b["self"], b["mat2"]
+    if a.dim() != 2 or m.dim() != 2 or a.shape[1] != m.shape[0]:
+        return None
+    return (a.shape[0], m.shape[1])
+
+
+def _addmm_shape(b: dict, tensors: list):
+    a, m, c = b["mat1"], b["mat2"], b["self"]
+    if a.dim() != 2 or m.dim() != 2 or a.shape[1] != m.shape[0] or c.dim() > 2:
+        return None
+    out = (a.shape[0], m.shape[1])
+    return out if _broadcast_shape([tuple(c.shape), out]) == out else None
+
+
+def _bmm_shape(b: dict, tensors: list):
+    a, m = b["self"], b["mat2"]
+    if a.dim() != 3 or m.dim() != 3 or a.shape[0] != m.shape[0] or a.shape[2] != m.shape[1]:
+        return None
+    return (a.shape[0], a.shape[1], m.shape[2])
+
+
+def _mv_shape(b: dict, tensors: list):
+    a, v = b["self"], b["vec"]
+    if a.dim() != 2 or v.dim() != 1 or a.shape[1] != v.shape[0]:
+        return None
+    return (a.shape[0],)
+
+
+def _dot_shape(b: dict, tensors: list):
+    a, v = b["self"], b["tensor"]
+    return () if a.dim() == 1 and v.dim() == 1 and a.shape == v.shape else None
+
+
+def _cat_shape(b: dict, tensors: list):
+    ts, nd = b["tensors"], tensors[0].dim()
+    if nd == 0 or any(t.dim() != nd for t in ts):
+        return None
+    dims = _normalized_dims([b["dim"]], nd)
+    if dims is None:
+        return None
+    (d,) = dims
+    first = list(ts[0].shape)
+    if any(list(t.shape[:d]) + list(t.shape[d + 1:]) != first[:d] + first[d + 1:] for t in ts):
+        return None
+    first[d] = sum(t.shape[d] for t in ts)
+    return tuple(first)
+
+
+def _stack_shape(b: dict, tensors: list):
+    ts = b["tensors"]
+    shape = tuple(ts[0].shape) if ts else None
+    if not ts or any(tuple(t.shape) != shape for t in ts):
+        return None
+    dims = _normalized_dims([b["dim"]], len(shape) + 1)
+    if dims is None:
+        return None
+    (d,) = dims
+    return shape[:d] + (len(ts),) + shape[d:]
+
+
+def _mse_loss_shape(b: dict, tensors: list):
+    if b.get("reduction") in (1, 2):
+        return () if _broadcast_shape([tuple(b["self"].shape), tuple(b["target"].shape)]) is not None else None
+    return _pointwise_shape(b, tensors)
+
+
+def _repeat_shape(b: dict, tensors: list):
+    x, reps = b["self"], list(b["repeats"])
+    if len(reps) < x.dim() or any(not isinstance(r, int) or r < 0 for r in reps):
+        return None
+    shape = [1] * (len(reps) - x.dim()) + list(x.shape)
+    return tuple(n * r for n, r in zip(shape, reps))
+
+
+# ops whose output is a fresh contiguous tensor whatever the strides of their operands
+_ANY_STRIDES = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.mv.default, aten.dot.default})
+
+
+def _fast_shapes() -> dict:
+    ops: dict = {}
+    same = aten_ops("roll", "flip", "tril", "triu", "_softmax", "_log_softmax", "cumsum", "cumprod",
+                    "zeros_like", "ones_like", "full_like", "empty_like", "clone", "_to_copy")
+    for packet in same:
+        ops[packet.default] = _same_shape
+    for op in (aten.sum.default, aten.mean.default, aten.prod.default, aten.max.default, aten.min.default):
+        ops[op] = _scalar_shape
+    for op in (aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default):
+        ops[op] = _reduction(all_if_empty=True)
+    for op in (aten.prod.dim_int, aten.logsumexp.default, aten.linalg_vector_norm.default, aten.var.correction,
+               aten.std.correction):
+        ops[op] = _reduction(all_if_empty=False)
+    ops.update({aten.mm.default: _mm_shape, aten.addmm.default: _addmm_shape, aten.bmm.default: _bmm_shape,
+                aten.mv.default: _mv_shape, aten.dot.default: _dot_shape, aten.cat.default: _cat_shape,
+                aten.stack.default: _stack_shape, aten.mse_loss.default: _mse_loss_shape,
+                aten.repeat.default: _repeat_shape})
+    return ops
+
+
+_FAST_SHAPES = _fast_shapes()
+_FAST_SHAPE_OF: dict = {}
+
+
+def _fast_shape_fn(func):
+    """The shape function of ``func`` for :func:`_fast_meta` (``False`` if it has none)."""
+    fn = _FAST_SHAPE_OF.get(func)
+    if fn is None:
+        fn = _FAST_SHAPES.get(func, False)
+        schema = func._schema
+        if (fn is False and torch.Tag.pointwise in func.tags and not schema.is_mutable
+                and not schema.name.endswith("_backward")  # mixed dtypes: the meta kernels differ
+                and schema.name not in _META_DIFFERS
+                and len(schema.returns) == 1 and schema.returns[0].alias_info is None
+                and str(schema.returns[0].type) == "Tensor"
+                and torch.Tag.nondeterministic_seeded not in func.tags
+                and all(str(a.type) in _POINTWISE_ARG_TYPES for a in schema.arguments)):
+            fn = _pointwise_shape
+        _FAST_SHAPE_OF[func] = fn
+    return fn
+
+
+# pointwise ops whose CPU and meta kernels promote some operand dtypes differently
+_META_DIFFERS = frozenset({"aten::ldexp"})
+_SHIFTS = frozenset({"aten::__lshift__", "aten::__rshift__", "aten::bitwise_left_shift", "aten::bitwise_right_shift"})
+
+
+def _dtype_corner(func, b: dict, tensors: list) -> bool:
+    """Operand dtypes where PyTorch's CPU kernels and meta kernels disagree on the result (found by
+    tests/test_detection_speed.py): uint8 operands (``where``'s deprecated uint8 condition), bool
+    operands of shifts, and all-bool operands with a Python number (``pow(bool, True)``)."""
+    if any(t.dtype == torch.uint8 for t in tensors):
+        return True
+    plain = [v for k, v in b.items() if isinstance(v, torch.Tensor) and k not in ("condition", "mask")]
+    bools = [t.dtype == torch.bool for t in plain]
+    if not any(bools):
+        return False
+    return func._schema.name in _SHIFTS or (all(bools) and any(
+        isinstance(v, (int, float, complex)) for k, v in b.items() if not isinstance(v, torch.Tensor)))
+
+
+def _fast_meta(func, pflat, spec, pargs, pkwargs):
+    """The meta output of ``func`` computed without its meta kernel, or ``None`` (see above)."""
+    shape_fn = _fast_shape_fn(func)
+    if shape_fn is False:
+        return None
+    tensors = [a for a in pflat if isinstance(a, torch.Tensor)]
+    if not tensors:
+        return None
+    for t in tensors:
+        if t.numel() == 0:
+            return None
+        if t.stride() != _contiguous_strides(t.shape) and func not in _ANY_STRIDES and not (
+                shape_fn is _pointwise_shape and _expanded_contiguous(t)):
+            return None
+    try:
+        b = bind(func, pargs, pkwargs)
+        if shape_fn is _pointwise_shape and _dtype_corner(func, b, tensors):
+            return None
+        shape = shape_fn(b, tensors)
+        if shape is None:
+            return None
+        tiny = [torch.ones([2] * a.dim(), dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in pflat]
+        targs, tkwargs = tree_unflatten(tiny, spec)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = func(*targs, **tkwargs)
+    except Exception:  # noqa: BLE001  (the meta kernel decides)
+        return None
+    if not isinstance(r, torch.Tensor) or r.dim() != len(shape) or r.layout != torch.strided:
+        return None
+    return torch.empty_strided(shape, _contiguous_strides(shape), dtype=r.dtype, device="meta")
+
+
 def _meta_call(func, pflat, spec, pargs, pkwargs):
     """``func(*pargs, **pkwargs)`` on meta tensors, memoized for ops that return fresh tensors."""
     if any(r.alias_info is not None for r in func._schema.returns) or torch.Tag.nondeterministic_seeded in func.tags:
@@ -119,7 +389,9 @@ def _meta_call(func, pflat, spec, pargs, pkwargs):
         return func(*pargs, **pkwargs)
     hit = _META_CACHE.get(key)
     if hit is None:
-        out = func(*pargs, **pkwargs)
+        out = _fast_meta(func, pflat, spec, pargs, pkwargs)
+        if out is None:
+            out = func(*pargs, **pkwargs)
         leaves, out_spec = tree_flatten(out)
         if not all(isinstance(t, torch.Tensor) and t.is_meta and t.layout == torch.strided for t in leaves):
             return out

@@ -8,6 +8,7 @@ derivative products and one decompression.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import warnings
@@ -121,11 +122,19 @@ def _check_call_input(x, shape, dtype, device, what: str) -> None:
 
 
 class _Warmup:
-    """An eager strategy for the calls before the batched products run as a recorded graph."""
+    """An eager strategy for the calls before the batched products run as a recorded graph
+    (``limit=None``), or for the first ``limit`` calls while torch.func has not been used in this
+    process (its first use imports ``torch._dynamo``: 0.6-1 s of cold start)."""
 
-    def __init__(self, backend: Backend, state, tracing: Tracing | None):
-        self.backend, self.state, self.tracing = backend, state, tracing
+    def __init__(self, backend: Backend, state, tracing: Tracing | None, limit: int | None):
+        self.backend, self.state, self.tracing, self.limit = backend, state, tracing, limit
         self.calls = 0
+
+
+def _torch_func_cold() -> bool:
+    """Whether torch.func's first use in this process is still to come (and would import
+    ``torch._dynamo``)."""
+    return "torch._dynamo" not in sys.modules
 
 
 def _tracing_of(state) -> Tracing | None:
@@ -327,13 +336,14 @@ class _SparseOperator:
             self._settled = True
             return out
 
-    def _start_warmup(self, backend: Backend) -> None:
+    def _start_warmup(self, backend: Backend, limit: int | None = None) -> None:
         """Evaluate with ``backend`` until the operator's batched products have a recorded graph
-        (for good where they are never recorded); ``backend`` must avoid the unsafe AD modes."""
+        (for good where they are never recorded), or for the first ``limit`` calls while
+        torch.func is cold (see :class:`_Warmup`); ``backend`` must avoid the unsafe AD modes."""
         self._warmup = None
         if self._clash(self.coloring, backend) is None:
             self._warmup = _Warmup(backend, backend.init(self._g, self._x0, self.coloring, **self._options),
-                                   _tracing_of(self.state))
+                                   _tracing_of(self.state), limit)
 
     def _warming(self, x: torch.Tensor) -> bool:
         """Whether the warm-up strategy evaluates a call at ``x``: not for an input that requires
@@ -341,6 +351,8 @@ class _SparseOperator:
         w = self._warmup
         if w is None or (x.requires_grad and torch.is_grad_enabled()):
             return False
+        if w.limit is not None:
+            return w.calls < w.limit and _torch_func_cold()
         t = w.tracing
         return t is None or t.disabled or (not t.graphs and w.calls < CALLS_BEFORE_TRACING)
 
@@ -348,7 +360,7 @@ class _SparseOperator:
         """The warm-up strategy if it evaluates this call (counted), else ``None``."""
         if not self._warming(x):
             w = self._warmup
-            if w is not None and w.tracing is not None and w.calls >= CALLS_BEFORE_TRACING:
+            if w is not None and w.limit is None and w.tracing is not None and w.calls >= CALLS_BEFORE_TRACING:
                 w.tracing.calls_before = 0  # the batched products record at their next call
             return None
         self._warmup.calls += 1
@@ -429,7 +441,7 @@ class _SparseOperator:
             new._options = dict(new._options, trace=new._make_tracing)
         new.state = new.backend.init(new._g, new._x0, new.coloring, **new._options)
         if new._warmup is not None:
-            new._start_warmup(new._warmup.backend)
+            new._start_warmup(new._warmup.backend, new._warmup.limit)
         return new
 
     def _verify(self, x: torch.Tensor, values: torch.Tensor, call_args=None) -> None:
@@ -491,7 +503,10 @@ class SparseJacobian(_SparseOperator):
         A known sparsity pattern (an :class:`asd.SparsityPattern`, a scipy sparse matrix or a dense
         bool array); skips detection.
     backend
-        An explicit evaluation backend (see :mod:`asd.backends`) for the chosen coloring.
+        An explicit evaluation backend (see :mod:`asd.backends`) for the chosen coloring. Without
+        one (and without ``compile``), a reverse-mode operator's first call in a process where
+        torch.func has not run yet evaluates with plain autograd (the autograd loop): the first use
+        of torch.func imports ``torch._dynamo``, 0.6-1 s; later calls use torch.func.
     trace
         Record the batched products as a graph of ATen operations after the first calls and replay
         it (faster eagerly; the same bits; with ``compile=True`` the recorded graph is what is
@@ -559,6 +574,11 @@ class SparseJacobian(_SparseOperator):
         self._order = order
         check = _check_option(check, default=local or self._user_pattern)
         self._setup(self._flat(f), result, x, backend, batch_size, compile, check, trace, explicit=explicit)
+        loop = AutogradLoop()
+        # reverse mode only: forward-mode AD runs Python reference kernels that import
+        # torch._dynamo themselves
+        if backend is None and not compile and _torch_func_cold() and "forward" not in loop.ad_modes(self.coloring):
+            self._start_warmup(loop, limit=1)  # the same AD mode, without torch.func
 
     def _flat(self, f: Callable) -> Callable:
         return flatten_function(self._bound(f), self.shape)
@@ -669,9 +689,11 @@ class SparseHessian(_SparseOperator):
         check = _check_option(check, default=local or self._user_pattern)
         self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[self._hvp],
                     explicit=explicit)
-        if (not explicit and backend is None and not compile and x.device.type == "cpu"
-                and 0 < self.ncolors <= LOOP_MAX_COLORS):
-            self._start_warmup(AutogradLoop())
+        if not explicit and backend is None and not compile:
+            if x.device.type == "cpu" and 0 < self.ncolors <= LOOP_MAX_COLORS:
+                self._start_warmup(AutogradLoop())
+            elif _torch_func_cold():
+                self._start_warmup(AutogradLoop(), limit=1)
 
     def _fallbacks(self):
         coloring = self.coloring

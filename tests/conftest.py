@@ -2,6 +2,10 @@ import warnings
 
 import pytest
 import torch
+# An operator's first call evaluates without torch.func while torch.func has not run in the process
+# (asd.operators._torch_func_cold): tests/test_cold_start.py covers that in fresh processes; here
+# every test sees the warm state of a long-running program, whatever ran before it.
+import torch._dynamo  # noqa: F401,E402
 
 # Two cores shared by everything: keep torch from oversubscribing them in tests.
 torch.set_num_threads(1)

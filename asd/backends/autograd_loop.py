@@ -77,7 +77,11 @@ class AutogradLoop(Backend):
                 # a scalar's gradient instead of grad_outputs=s (the same bits: the backward of the
                 # sum and the product by s starts from exactly s): autograd's grad_outputs check
                 # imports sympy, 0.45 s of cold start
-                (gx,) = torch.autograd.grad((y * s.to(y.dtype)).sum(), xr, retain_graph=True, allow_unused=True)
+                s = s.to(y.dtype)
+                if y.is_complex():  # a complex scalar has no implicit gradient
+                    (gx,) = torch.autograd.grad(y, xr, s, retain_graph=True, allow_unused=True)
+                else:
+                    (gx,) = torch.autograd.grad((y * s).sum(), xr, retain_graph=True, allow_unused=True)
                 out.append(torch.zeros_like(x) if gx is None else gx)
         return torch.stack(out)
 

@@ -70,10 +70,8 @@ def test_cold_detection_imports_neither_dynamo_nor_sympy():
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
 
 
-@pytest.mark.xfail(reason="evaluation imports torch._dynamo: torch.func.vjp's pullback enters "
-                          "torch._dynamo.compiled_autograd._disable(), and jvp under vmap runs type-promoting "
-                          "reference decompositions (asd/backends, not detection)", strict=False)
-def test_cold_prepare_and_call_does_not_import_dynamo():
+def test_cold_prepare_and_call_imports_neither_dynamo_nor_sympy():
+    """The whole cold start of a reverse-mode operator: detection, coloring, first evaluation."""
     r = _fresh("""
         import sys
         import torch
@@ -430,3 +428,153 @@ def test_patterns_unchanged_by_the_fast_path():
             T._fast_meta = saved
             T._META_CACHE.clear()
         assert fast.fingerprint == slow.fingerprint and fast.shape == slow.shape
+
+
+# -- set operations ---------------------------------------------------------------------------------
+
+import numpy as np  # noqa: E402
+import scipy.sparse as sp  # noqa: E402
+
+from asd.detection import sets as S  # noqa: E402
+
+
+def test_set_matrices_are_built_without_validation_on_this_scipy():
+    """The unvalidated constructor is active (so detection is fast) and builds what scipy's
+    validated constructor builds; a scipy it does not recognize gets the validated path."""
+    assert S._FIELDS is not None, "scipy's csr_matrix changed: set matrices are validated (slow)"
+    assert S._PLUS is not None, "scipy's csr_plus_csr kernel is unavailable: unions go through A + B (slow)"
+    fast = S._csr(np.array([0, 2, 2, 3]), np.array([0, 4, 1]), (3, 5))
+    slow = S._csr_validated(np.array([0, 2, 2, 3], np.int32), np.array([0, 4, 1], np.int32), (3, 5))
+    assert type(fast) is type(slow) is sp.csr_matrix
+    assert set(vars(fast)) == set(vars(slow))
+    for k in vars(slow):
+        a, b = getattr(fast, k), getattr(slow, k)
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and np.array_equal(a, b), k
+        else:
+            assert a == b, k
+    fast.check_format(full_check=True)
+    assert fast.has_canonical_format and fast.nnz == 3 and fast.dtype == np.bool_
+    np.testing.assert_array_equal((fast @ fast.T).toarray(), (slow @ slow.T).toarray())
+    np.testing.assert_array_equal((fast + slow).toarray(), slow.toarray())
+
+
+def test_an_unrecognized_scipy_takes_the_validated_path(monkeypatch):
+    monkeypatch.setattr(S, "_FIELDS", None)
+    monkeypatch.setattr(S, "_PLUS", None)
+    a = S._csr(np.array([0, 1, 3]), np.array([2, 0, 1]), (2, 3))
+    b = S.identity(3)[:2]
+    np.testing.assert_array_equal(S.union([a, S._canonical(b)], 2, 3).toarray(), a.toarray() | b.toarray())
+    from asd.detection import jacobian_pattern
+    from asd.problems import brusselator, brusselator_input
+
+    with_validation = jacobian_pattern(brusselator(5), brusselator_input(5))
+    monkeypatch.undo()
+    assert jacobian_pattern(brusselator(5), brusselator_input(5)).fingerprint == with_validation.fingerprint
+
+
+@st.composite
+def _set_matrices(draw, rows=None, n=None):
+    rows = draw(st.integers(0, 12)) if rows is None else rows
+    n = draw(st.integers(1, 9)) if n is None else n
+    kind = draw(st.sampled_from(["random", "random", "empty", "uniform", "identity"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    if kind == "empty":
+        D = np.zeros((rows, n), bool)
+    elif kind == "uniform":
+        D = np.zeros((rows, n), bool)
+        w = draw(st.integers(1, n))
+        for r in range(rows):
+            D[r, rng.choice(n, w, replace=False)] = True
+    elif kind == "identity":
+        D = np.eye(rows, n, k=draw(st.integers(-2, 2)), dtype=bool)
+    else:
+        D = rng.random((rows, n)) < draw(st.sampled_from([0.1, 0.3, 0.7]))
+    M = sp.csr_matrix(D)
+    return S._csr(M.indptr, M.indices, (rows, n)), D
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_take_rows_matches_dense(data):
+    M, D = data.draw(_set_matrices())
+    rows = D.shape[0]
+    kind = data.draw(st.sampled_from(["range", "all", "random", "negatives", "repeat"]))
+    if kind == "range" and rows:
+        s = data.draw(st.integers(0, rows - 1))
+        idx = np.arange(s, data.draw(st.integers(s, rows)))
+    elif kind == "all":
+        idx = np.arange(rows)
+    elif kind == "repeat" and rows:
+        idx = np.repeat(np.arange(rows), data.draw(st.integers(1, 3)))
+    elif rows:
+        idx = np.array(data.draw(st.lists(st.integers(-1 if kind == "negatives" else 0, rows - 1), max_size=15)),
+                       dtype=data.draw(st.sampled_from([np.int64, np.int32])))
+    else:
+        idx = np.full(data.draw(st.integers(0, 3)), -1)
+    out = S.take_rows(M, idx)
+    want = np.array([D[i] if i >= 0 else np.zeros(D.shape[1], bool) for i in idx]).reshape(len(idx), D.shape[1])
+    assert out.shape == want.shape and out.dtype == np.bool_
+    out.check_format(full_check=True)
+    assert out.has_canonical_format
+    np.testing.assert_array_equal(out.toarray(), want)
+    assert M.toarray().tolist() == D.tolist()  # the argument is untouched
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_union_matches_dense(data):
+    rows, n = data.draw(st.integers(0, 10)), data.draw(st.integers(1, 9))
+    mats = [data.draw(_set_matrices(rows, n)) for _ in range(data.draw(st.integers(0, 4)))]
+    parts = [m for m, _ in mats]
+    if parts and data.draw(st.booleans()):
+        parts.append(parts[0])  # the same object twice
+    if parts and data.draw(st.booleans()):  # the same structure in other arrays (int64)
+        p = parts[-1]
+        parts.append(sp.csr_matrix((p.data.copy(), p.indices.astype(np.int64), p.indptr.astype(np.int64)),
+                                   shape=p.shape))
+    if data.draw(st.booleans()):
+        parts.insert(0, None)
+    if rows and data.draw(st.booleans()):  # a user rule's matrix: unsorted, not bool
+        D = np.random.default_rng(data.draw(st.integers(0, 99))).random((rows, n)) < 0.4
+        U = sp.csr_matrix(D.astype(np.float64))
+        for r in range(rows):
+            a, b = U.indptr[r], U.indptr[r + 1]
+            U.indices[a:b] = U.indices[a:b][::-1].copy()
+        U.has_sorted_indices = False
+        parts.append(U)
+        mats.append((None, D))
+    out = S.union(parts, rows, n)
+    want = np.zeros((rows, n), bool)
+    for _, D in mats:
+        want |= D
+    assert out.shape == (rows, n) and out.dtype == np.bool_ and out.has_sorted_indices
+    out.check_format(full_check=True)
+    np.testing.assert_array_equal(out.toarray(), want)
+
+
+def test_a_view_reads_its_rows_again_after_a_write():
+    """Views cache their rows of the storage's sets; a write through any alias, or an in-place
+    view op changing the view's element map, makes them read again."""
+    from asd.detection import jacobian_sparsity
+
+    def f(x):
+        y = x.clone()
+        v = y[1:3]
+        a = v * 2  # v's rows cached
+        y[1] = x[0] * x[3]  # replaces the storage's sets
+        b = v * 3  # v's rows read again
+        w = y[:4].view(2, 2)
+        c = w * 1  # w's rows cached
+        w.t_()  # an in-place view changes w's element map
+        return torch.cat([a, b, c.reshape(-1), w.reshape(-1)])
+
+    x = torch.randn(6, dtype=torch.float64)
+    P = jacobian_sparsity(f, x).toarray().astype(int)
+    J = torch.autograd.functional.jacobian(f, x).numpy() != 0
+    assert (P >= J).all()
+    e = np.eye(6, dtype=int)
+    np.testing.assert_array_equal(P[:2], e[[1, 2]])
+    np.testing.assert_array_equal(P[2:4], [e[0] + e[3], e[2]])
+    np.testing.assert_array_equal(P[4:8], [e[0], e[0] + e[3], e[2], e[3]])
+    np.testing.assert_array_equal(P[8:], [e[0], e[2], e[0] + e[3], e[3]])

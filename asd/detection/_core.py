@@ -110,6 +110,9 @@ class TracedTensor(torch.Tensor):
     _primal: torch.Tensor
     #: an alias made by ``detach()`` (or a view of one): writes through it are untracked by autograd
     _detached: bool = False
+    #: ``(storage sets, this view's sets)``: the rows of a view, taken again only once the storage's
+    #: set matrix has been replaced (a write)
+    _sets_cache: tuple | None = None
 
     @staticmethod
     def __new__(cls, storage: Storage, primal: torch.Tensor, idx: np.ndarray | None, device: torch.device,
@@ -136,9 +139,15 @@ class TracedTensor(torch.Tensor):
     @property
     def sets(self) -> sp.csr_matrix:
         """Index sets of this tensor's elements (row-major), shape ``(numel, n)``."""
+        base = self._storage.sets
         if self._idx is None:
-            return self._storage.sets
-        return S.take_rows(self._storage.sets, self._idx)
+            return base
+        cache = self._sets_cache
+        if cache is not None and cache[0] is base:
+            return cache[1]
+        sets = S.take_rows(base, self._idx)
+        self._sets_cache = (base, sets)
+        return sets
 
     def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105
         kind = "meta" if self.primal.is_meta else "real"

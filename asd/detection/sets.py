@@ -3,6 +3,14 @@
 Every operation here is a whole-tensor operation on ``scipy.sparse.csr_matrix`` objects with
 ``bool`` data, sorted indices and no duplicates. Row ``r`` of a set matrix lists the inputs that
 element ``r`` of a (flattened, row-major) tensor may depend on.
+
+Set matrices are never modified in place: an operation may return one of its arguments, or a
+matrix sharing index arrays with one, where the result has the same rows.
+
+A trace makes thousands of these small matrices, so they are built without scipy's validation
+(which costs tens of microseconds per matrix) when scipy is one whose ``csr_matrix`` this module
+recognizes (checked once, against the validated constructor; otherwise every matrix takes the
+validated path). Indices are ``int32`` where they fit, as scipy itself chooses.
 """
 
 from __future__ import annotations
@@ -13,12 +21,58 @@ import numpy as np
 import scipy.sparse as sp
 
 INDEX = np.int64
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def _index_dtype(shape: tuple[int, int], nnz: int):
+    return np.int32 if max(shape[0], shape[1], nnz) <= _INT32_MAX else np.int64
+
+
+def _csr_validated(indptr, indices, shape) -> sp.csr_matrix:
+    out = sp.csr_matrix((np.ones(len(indices), dtype=bool), indices, indptr), shape=shape, copy=False)
+    out.has_sorted_indices = True
+    return out
+
+
+# The attributes scipy's validated constructor leaves on a set matrix, where :func:`_csr` can set
+# them itself; ``None`` where this scipy does something else (then every matrix is validated).
+_KNOWN_FIELDS = frozenset({"_shape", "maxprint", "indices", "indptr", "data", "_has_sorted_indices"})
+
+
+def _template() -> dict | None:
+    try:
+        t = _csr_validated(np.array([0, 1, 1], dtype=np.int32), np.array([1], dtype=np.int32), (2, 3))
+        if set(vars(t)) != _KNOWN_FIELDS or t._shape != (2, 3) or not t.has_sorted_indices:
+            return None
+        fields = {k: v for k, v in vars(t).items() if k not in ("_shape", "indices", "indptr", "data")}
+        fast = sp.csr_matrix.__new__(sp.csr_matrix)
+        fast.__dict__.update(fields, _shape=(2, 3), indices=t.indices, indptr=t.indptr, data=t.data)
+        fast.check_format(full_check=True)
+        probe = (fast + fast).toarray(), (fast @ fast.T).toarray(), fast[1:].toarray(), fast.tocsc().toarray()
+        want = (t + t).toarray(), (t @ t.T).toarray(), t[1:].toarray(), t.tocsc().toarray()
+        if not (all(np.array_equal(p, w) for p, w in zip(probe, want)) and fast.nnz == 1
+                and fast.has_canonical_format and np.array_equal(fast.toarray(), t.toarray())):
+            return None
+        return fields
+    except Exception:  # noqa: BLE001  (another scipy: validate every matrix)
+        return None
+
+
+_FIELDS = _template()
 
 
 def _csr(indptr: np.ndarray, indices: np.ndarray, shape: tuple[int, int]) -> sp.csr_matrix:
-    data = np.ones(len(indices), dtype=bool)
-    out = sp.csr_matrix((data, indices, indptr), shape=shape, copy=False)
-    out.has_sorted_indices = True
+    """A set matrix from canonical CSR arrays (sorted, distinct columns per row), not copied where
+    they have the index dtype already."""
+    shape = (int(shape[0]), int(shape[1]))
+    dt = _index_dtype(shape, len(indices))
+    indptr = np.asarray(indptr).astype(dt, copy=False)
+    indices = np.asarray(indices).astype(dt, copy=False)
+    if _FIELDS is None:
+        return _csr_validated(indptr, indices, shape)
+    out = sp.csr_matrix.__new__(sp.csr_matrix)
+    out.__dict__.update(_FIELDS, _shape=shape, indices=indices, indptr=indptr,
+                        data=np.ones(len(indices), dtype=bool))
     return out
 
 
@@ -35,26 +89,103 @@ def identity(n: int) -> sp.csr_matrix:
 def full_row(S: sp.csr_matrix) -> sp.csr_matrix:
     """The union of all rows of ``S`` as a single-row set matrix."""
     cols = np.unique(S.indices)
-    return _csr(np.array([0, len(cols)], dtype=INDEX), cols.astype(INDEX), (1, S.shape[1]))
+    return _csr(np.array([0, len(cols)], dtype=INDEX), cols, (1, S.shape[1]))
+
+
+def _range_start(idx: np.ndarray, rows: int) -> int | None:
+    """``s`` where ``idx`` is ``s, s + 1, ..., s + len(idx) - 1`` within ``[0, rows)``, else ``None``."""
+    k = len(idx)
+    s = int(idx[0])
+    if s < 0 or int(idx[-1]) != s + k - 1 or s + k > rows:
+        return None
+    if k > 2 and not np.array_equal(idx, np.arange(s, s + k, dtype=idx.dtype)):
+        return None
+    return s
 
 
 def take_rows(S: sp.csr_matrix, idx: np.ndarray) -> sp.csr_matrix:
     """Rows ``idx`` of ``S`` (any integer array, flattened); a negative index gives an empty row."""
-    idx = np.asarray(idx, dtype=INDEX).ravel()
-    indptr = S.indptr
-    lens_all = np.diff(indptr)
+    idx = np.asarray(idx).ravel()
+    if idx.dtype.kind not in "iu":
+        idx = idx.astype(INDEX)
+    rows, n = S.shape
+    k = len(idx)
+    if k == 0 or S.nnz == 0:
+        return empty(k, n)
+    indptr, indices = S.indptr, S.indices
+    s = _range_start(idx, rows)
+    if s is not None:  # a block of consecutive rows: views of S's arrays
+        if s == 0 and k == rows:
+            return S
+        ip = indptr[s:s + k + 1]
+        lo = int(ip[0])
+        return _csr(ip - lo if lo else ip, indices[lo:int(ip[-1])], (k, n))
     valid = idx >= 0
-    safe = np.where(valid, idx, 0)
-    lens = np.where(valid, lens_all[safe], 0)
-    new_indptr = np.zeros(len(idx) + 1, dtype=INDEX)
+    all_valid = bool(valid.all())
+    lens_all = np.diff(indptr)
+    if all_valid and S.nnz == rows * int(lens_all[0]) and bool((lens_all == lens_all[0]).all()):
+        width = int(lens_all[0])  # every row holds the same number of entries
+        return _csr(np.arange(0, (k + 1) * width, width, dtype=INDEX),
+                    indices.reshape(rows, width)[idx].ravel(), (k, n))
+    safe = idx if all_valid else np.where(valid, idx, 0)
+    lens = lens_all[safe] if all_valid else np.where(valid, lens_all[safe], 0)
+    new_indptr = np.zeros(k + 1, dtype=INDEX)
     np.cumsum(lens, out=new_indptr[1:])
     total = int(new_indptr[-1])
     if total == 0:
-        return empty(len(idx), S.shape[1])
+        return empty(k, n)
     starts = indptr[safe].astype(INDEX)
     offsets = np.repeat(starts - new_indptr[:-1], lens)
     pos = offsets + np.arange(total, dtype=INDEX)
-    return _csr(new_indptr, S.indices[pos].astype(INDEX, copy=False), (len(idx), S.shape[1]))
+    return _csr(new_indptr, indices[pos], (k, n))
+
+
+def _same_structure(a: sp.csr_matrix, b: sp.csr_matrix) -> bool:
+    if a is b or (a.indptr is b.indptr and a.indices is b.indices):
+        return True
+    return (a.nnz == b.nnz and np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices))
+
+
+def _plus_kernel():
+    """scipy's C++ row-wise merge of two canonical CSR matrices, checked once against ``A + B``;
+    ``None`` where this scipy lacks it or it answers otherwise (``A + B`` is used then)."""
+    try:
+        from scipy.sparse import _sparsetools
+
+        fn = _sparsetools.csr_plus_csr
+        a = _csr_validated(np.array([0, 2, 2, 3], np.int32), np.array([0, 3, 1], np.int32), (3, 4))
+        b = _csr_validated(np.array([0, 1, 3, 3], np.int32), np.array([3, 0, 2], np.int32), (3, 4))
+        cp, cj = np.empty(4, np.int32), np.empty(6, np.int32)
+        fn(3, 4, a.indptr, a.indices, a.data, b.indptr, b.indices, b.data, cp, cj, np.empty(6, bool))
+        want = (a + b).tocsr()
+        want.sort_indices()
+        if not (np.array_equal(cp, want.indptr) and np.array_equal(cj[:cp[-1]], want.indices)):
+            return None
+        return fn
+    except Exception:  # noqa: BLE001
+        return None
+
+
+_PLUS = _plus_kernel()
+
+
+def _union2(a: sp.csr_matrix, b: sp.csr_matrix) -> sp.csr_matrix:
+    if _same_structure(a, b):
+        return a
+    canonical = (a.has_sorted_indices and b.has_sorted_indices and a.dtype == np.bool_ and b.dtype == np.bool_
+                 and a.format == "csr" and b.format == "csr")
+    if _PLUS is None or not canonical:
+        return _canonical(a + b)
+    m, n = a.shape
+    cap = a.nnz + b.nnz
+    dt = _index_dtype(a.shape, cap)
+    cp = np.empty(m + 1, dtype=dt)
+    cj = np.empty(cap, dtype=dt)
+    _PLUS(m, n, a.indptr.astype(dt, copy=False), a.indices.astype(dt, copy=False), a.data,
+          b.indptr.astype(dt, copy=False), b.indices.astype(dt, copy=False), b.data, cp, cj,
+          np.empty(cap, dtype=bool))
+    nnz = int(cp[-1])
+    return _csr(cp, cj[:nnz] if 2 * nnz > cap else cj[:nnz].copy(), a.shape)
 
 
 def union(mats: Sequence[sp.csr_matrix | None], rows: int, n: int) -> sp.csr_matrix:
@@ -64,7 +195,7 @@ def union(mats: Sequence[sp.csr_matrix | None], rows: int, n: int) -> sp.csr_mat
         return empty(rows, n)
     out = present[0]
     for m in present[1:]:
-        out = out + m
+        out = _union2(out, m)
     return _canonical(out)
 
 
@@ -78,7 +209,7 @@ def vstack(mats: Sequence[sp.csr_matrix]) -> sp.csr_matrix:
         indptrs.append(m.indptr[1:].astype(INDEX) + offset)
         offset += m.nnz
     rows = sum(m.shape[0] for m in mats)
-    return _csr(np.concatenate(indptrs), np.concatenate([m.indices for m in mats]).astype(INDEX), (rows, n))
+    return _csr(np.concatenate(indptrs), np.concatenate([m.indices for m in mats]), (rows, n))
 
 
 def gather_union(S: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray, nrows: int) -> sp.csr_matrix:
@@ -109,11 +240,10 @@ def matmul(D: sp.spmatrix, S: sp.csr_matrix) -> sp.csr_matrix:
 
 
 def _canonical(M: sp.spmatrix) -> sp.csr_matrix:
+    """``M`` as a set matrix: CSR, bool, sorted indices (``M`` itself where it is one)."""
     M = M.tocsr()
     if M.dtype != np.bool_:
         M = M.astype(bool)
     if not M.has_sorted_indices:
         M.sort_indices()
-    if M.indptr.dtype != INDEX:
-        return _csr(M.indptr.astype(INDEX), M.indices.astype(INDEX), M.shape)
     return M

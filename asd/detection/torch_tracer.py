@@ -63,8 +63,15 @@ def alias_of_returns(func):
     return v
 
 
+_MUTATED_CACHE: dict = {}
+
+
 def _mutated_args(func) -> list[int]:
-    return [j for j, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    v = _MUTATED_CACHE.get(func)
+    if v is None:
+        v = _MUTATED_CACHE[func] = [j for j, a in enumerate(func._schema.arguments)
+                                    if a.alias_info is not None and a.alias_info.is_write]
+    return v
 
 
 # Ops that have no meta kernel: under global tracing they run at a generic point (fixed random
@@ -89,6 +96,60 @@ def _private_stats(func, pargs, pkwargs):
             pargs[i] = a.clone()
     pkwargs = {k: (v.clone() if k in _STAT_NAMES and isinstance(v, torch.Tensor) else v) for k, v in pkwargs.items()}
     return tuple(pargs), pkwargs
+
+
+# -- flattening ----------------------------------------------------------------------------------
+# An ATen call's arguments are tensors, numbers and a few enums in tuples, lists and a kwargs dict:
+# flattened here in plain Python, the same leaves in the same order as torch's pytree (which costs
+# tens of microseconds per call in its generic node handling). Anything else goes to pytree.
+_LEAF_TYPES = frozenset({int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.layout,
+                         torch.memory_format})
+
+
+class _Spec(tuple):
+    """The structure :func:`_flatten` found (hashable, compared by value)."""
+
+    __slots__ = ()
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _flat_into(x, flat: list):
+    t = type(x)
+    if t is tuple or t is list:
+        return (t, tuple([_flat_into(e, flat) for e in x]))
+    if t is dict:
+        return (dict, tuple(x), tuple([_flat_into(v, flat) for v in x.values()]))
+    if t in _LEAF_TYPES or isinstance(x, torch.Tensor):
+        flat.append(x)
+        return None
+    raise _NotPlain
+
+
+def _flatten(x) -> tuple[list, Any]:
+    """``tree_flatten(x)``: the leaves and a structure for :func:`_unflatten`."""
+    flat: list = []
+    try:
+        return flat, _Spec((_flat_into(x, flat),))
+    except _NotPlain:
+        return tree_flatten(x)
+
+
+def _rebuild(node, it):
+    if node is None:
+        return next(it)
+    if node[0] is dict:
+        return {k: _rebuild(c, it) for k, c in zip(node[1], node[2])}
+    return node[0]([_rebuild(c, it) for c in node[1]])
+
+
+def _unflatten(flat, spec):
+    """``tree_unflatten`` for a structure from :func:`_flatten` (or from ``tree_flatten``)."""
+    if type(spec) is _Spec:
+        return _rebuild(spec[0], iter(flat))
+    return tree_unflatten(flat, spec)
 
 
 # Output metadata of functional ops on meta tensors, keyed on the op and its arguments' metadata:
@@ -368,7 +429,7 @@ def _fast_meta(func, pflat, spec, pargs, pkwargs):
         if shape is None:
             return None
         tiny = [torch.ones([2] * a.dim(), dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in pflat]
-        targs, tkwargs = tree_unflatten(tiny, spec)
+        targs, tkwargs = _unflatten(tiny, spec)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             r = func(*targs, **tkwargs)
@@ -379,9 +440,16 @@ def _fast_meta(func, pflat, spec, pargs, pkwargs):
     return torch.empty_strided(shape, _contiguous_strides(shape), dtype=r.dtype, device="meta")
 
 
+_MEMOIZABLE: dict = {}
+
+
 def _meta_call(func, pflat, spec, pargs, pkwargs):
     """``func(*pargs, **pkwargs)`` on meta tensors, memoized for ops that return fresh tensors."""
-    if any(r.alias_info is not None for r in func._schema.returns) or torch.Tag.nondeterministic_seeded in func.tags:
+    memo = _MEMOIZABLE.get(func)
+    if memo is None:
+        memo = _MEMOIZABLE[func] = not (any(r.alias_info is not None for r in func._schema.returns)
+                                        or torch.Tag.nondeterministic_seeded in func.tags)
+    if not memo:
         return func(*pargs, **pkwargs)
     try:
         key = (func, spec, tuple(_meta_key(a) for a in pflat))
@@ -392,7 +460,7 @@ def _meta_call(func, pflat, spec, pargs, pkwargs):
         out = _fast_meta(func, pflat, spec, pargs, pkwargs)
         if out is None:
             out = func(*pargs, **pkwargs)
-        leaves, out_spec = tree_flatten(out)
+        leaves, out_spec = _flatten(out)
         if not all(isinstance(t, torch.Tensor) and t.is_meta and t.layout == torch.strided for t in leaves):
             return out
         if len(_META_CACHE) >= _META_CACHE_SIZE:
@@ -400,7 +468,7 @@ def _meta_call(func, pflat, spec, pargs, pkwargs):
         _META_CACHE[key] = ([(tuple(t.shape), t.stride(), t.dtype) for t in leaves], out_spec)
         return out
     metas, out_spec = hit
-    return tree_unflatten([torch.empty_strided(sh, st, dtype=dt, device="meta") for sh, st, dt in metas], out_spec)
+    return _unflatten([torch.empty_strided(sh, st, dtype=dt, device="meta") for sh, st, dt in metas], out_spec)
 
 
 def _run_at_generic_point(func, flat, spec):
@@ -414,7 +482,7 @@ def _run_at_generic_point(func, flat, spec):
                                "from the input; pass local=True to trace at a point")
         return a
 
-    a, k = tree_unflatten([real(t) for t in flat], spec)
+    a, k = _unflatten([real(t) for t in flat], spec)
     out = func(*a, **k)
     return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, out)
 
@@ -583,7 +651,7 @@ class Tracer:
 
     # -- dispatch -----------------------------------------------------------------------------
     def dispatch(self, func, args, kwargs):
-        flat, spec = tree_flatten((args, kwargs))
+        flat, spec = _flatten((args, kwargs))
         traced = [a for a in flat if isinstance(a, TracedTensor)]
         if traced:
             self.ops_seen.add(func)
@@ -635,7 +703,7 @@ class Tracer:
             return a
 
         pflat = [unwrap(a) for a in flat]
-        pargs, pkwargs = tree_unflatten(pflat, spec)
+        pargs, pkwargs = _unflatten(pflat, spec)
         if any_meta and pkwargs.get("device") is not None:
             pkwargs["device"] = torch.device("meta")  # e.g. x.to("cpu", copy=True) on a meta primal
         if func in _STAT_UPDATES:
@@ -664,7 +732,7 @@ class Tracer:
             else:
                 raise
 
-        outs_flat, out_spec = tree_flatten(pout)
+        outs_flat, out_spec = _flatten(pout)
         out_tensors = [o for o in outs_flat if isinstance(o, torch.Tensor)]
         restore = {}
         if before:  # the rule reads the values the op overwrote, as its out-of-place variant would
@@ -681,8 +749,7 @@ class Tracer:
 
         out_sets = self._run_rule(call)
         wrapped = iter([self.wrap(t, s) for t, s in zip(out_tensors, out_sets)])
-        return tree_unflatten([next(wrapped) if isinstance(o, torch.Tensor) else o for o in outs_flat],
-                              out_spec)
+        return _unflatten([next(wrapped) if isinstance(o, torch.Tensor) else o for o in outs_flat], out_spec)
 
     def _run_rule(self, call: Call) -> list:
         rule = lookup(call.func)
@@ -842,6 +909,7 @@ class Tracer:
         if len(idx) == target._storage.sets.shape[0] and np.array_equal(idx, np.arange(len(idx))):
             idx = None
         target._idx = idx
+        target._sets_cache = None
         target._primal = primal
         target._geom = (tuple(primal.shape), tuple(primal.stride()), primal.storage_offset())
         target._epoch = target._storage.epoch

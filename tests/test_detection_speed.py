@@ -198,6 +198,8 @@ def test_layouts_the_fast_path_declines_or_matches():
     _agree(aten.add.Tensor, (_m(()).expand(2, 3), _m(()).expand(2, 3)), expect_fast=True)
     _agree(aten.exp.default, (torch.empty_strided((3, 1, 4), (4, 100, 1), device="meta"),), expect_fast=False)
     _agree(aten.exp.default, (_m((0, 3)),), expect_fast=False)  # empty operands go to the meta kernel
+    _agree(aten.exp.default, (_m((1,) * 9),), expect_fast=False)  # so do operands of many dims
+    _agree(aten.exp.default, (_m((1,) * 8),), expect_fast=True)
     _agree(aten.clone.default, (x,), {"memory_format": torch.channels_last}, expect_fast=False)
     _agree(aten.mul.Tensor, (_m((2, 3)), _m((3, 2))))  # does not broadcast: both fail
 

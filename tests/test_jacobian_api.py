@@ -201,7 +201,13 @@ def test_compile_fallback_is_clean(monkeypatch):
             raise RuntimeError("compiler exploded")
         return run
 
-    monkeypatch.setattr(torch, "compile", broken_compile)
+    def broken_inductor(*a, **k):
+        raise RuntimeError("compiler exploded")
+
+    from asd.backends import compile_cache
+
+    monkeypatch.setattr(torch, "compile", broken_compile)  # the transforms' compile
+    monkeypatch.setattr(compile_cache, "compile_graph", broken_inductor)  # the recorded graph's
     f, x = brusselator(4), brusselator_input(4)
     op = asd.prepare_jacobian(f, x, compile=True)
     with pytest.warns(RuntimeWarning, match="torch.compile failed"):

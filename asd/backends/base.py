@@ -90,8 +90,13 @@ class BatchedProducts:
         self.batch_size = batch_size
         self._eager = fn
         self.tracing = trace
-        if trace is not None and compile:
-            trace.compile = True  # compile the recorded graph; the transforms only if that fails
+        if trace is not None:
+            trace.constant_seeds = True  # the seed rows are this object's own and never written
+            if compile:
+                trace.compile = True  # compile the recorded graph; the transforms only if that fails
+                from .compile_cache import prefetch
+
+                prefetch()
         self._compiled = torch.compile(fn, dynamic=False) if compile else None
         self.compile_failed: str | None = None
         self.sparse_constants: bool | None = None

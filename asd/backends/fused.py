@@ -57,6 +57,8 @@ class FusedGather(Backend):
 
         seeds = self.inner.seed_rows(coloring, x)
         fused = BatchedProducts(run_gathered, seeds, compile=compile, trace=trace() if trace else None)
+        if fused.tracing is not None:
+            fused.tracing.owned = (prep.index,)  # the gather index: a constant the compiled graph is specialized on
         return FusedState((g, x, coloring, batch_size), fused)
 
     def compute(self, state: FusedState, x: torch.Tensor) -> torch.Tensor:

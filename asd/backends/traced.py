@@ -35,15 +35,23 @@ class Tracing:
     guard
         Returns ``(fingerprint, complete)`` of what the function reads now.
     compile
-        Compile the recorded graph with ``torch.compile`` (recorded at the first call). Compiling
-        a flat graph of ATen operations skips tracing ``torch.func``'s transforms, so it is several
-        times faster than compiling the transforms, and with PyTorch's on-disk caches a second
-        process pays a fraction of it.
+        Compile the recorded graph (recorded at the first call) with Inductor, specialized on the
+        operator's constants, without a Dynamo frame in front of each call; the compiled artifact
+        is cached on disk, so another process preparing the same operator loads it
+        (:mod:`asd.backends.compile_cache`).
     """
 
     def __init__(self, guard: Callable[[], tuple], compile: bool = False):
         self.guard = guard
         self.compile = compile
+        #: the seed rows passed to :meth:`run` are constants of the operator (never written): the
+        #: compiled graph is specialized on them (:mod:`asd.backends.specialize`)
+        self.constant_seeds = False
+        #: tensors the recorded function captures that are the operator's own constants (a fused
+        #: gather's index): specialized on as well
+        self.owned: tuple = ()
+        #: how the compiled graph was obtained (:class:`~asd.backends.compile_cache.CompiledProducts`)
+        self.compiled = None
         self.graphs: dict = {}
         self.stamp = None
         self.calls = 0
@@ -72,6 +80,11 @@ class Tracing:
                     return None
             self.stamp = stamp
         key = (tuple(seeds.shape), seeds.dtype)
+        if self.compile:
+            if x.requires_grad and torch.is_grad_enabled():
+                return None  # compiled kernels record no autograd graph: the transforms do
+            if self.constant_seeds:  # specialized on these seed rows (a chunk of them)
+                key = key + (seeds.data_ptr(), seeds.stride())
         graph = self.graphs.get(key)
         if graph is None:
             if self.calls <= (0 if self.compile else self.calls_before):
@@ -83,7 +96,10 @@ class Tracing:
             try:
                 graph = simplify(make_fx(lambda a, b: fn(a, b))(x, seeds))
                 if self.compile:
-                    graph = torch.compile(graph, dynamic=False)
+                    from .compile_cache import compile_products
+
+                    graph = self.compiled = compile_products(graph, x, seeds, constant_seeds=self.constant_seeds,
+                                                             owned=self.owned)
                 else:
                     graph = reuse_buffers(graph)
                 out = graph(x, seeds)

@@ -1,0 +1,332 @@
+"""Compiling a recorded graph with Inductor, once per graph and machine.
+
+A prepared operator compiles the flat ATen graph of its products (:mod:`asd.backends.traced`,
+specialized by :mod:`asd.backends.specialize`) with Inductor directly - no Dynamo frame and no
+guards in front of every call: the operator's own value fingerprint already guards the graph, and
+its shapes are static. The compiled artifact is written to an on-disk cache so that another
+process preparing the same operator loads it instead of compiling again.
+
+The cache key is a hash of everything the compiled code depends on: the graph's code (operations,
+shapes and the Python scalars baked into it), the shape, strides, dtype and device of every input
+(tensors are inputs of the graph, never baked in: no value can be served stale), the versions of
+torch and Python, the machine, the vector ISA Inductor compiles for and Inductor's configuration.
+An artifact that cannot be loaded, or whose result on the example inputs differs from the graph's
+own, is compiled again (and replaced).
+
+The cache lives in ``$ASD_CACHE_DIR/compiled`` (default ``~/.cache/asd/compiled``, or under
+``$XDG_CACHE_HOME``); ``ASD_CACHE_DIR=""`` turns it off. Inductor's own caches (the compiled C++
+libraries) stay where ``TORCHINDUCTOR_CACHE_DIR`` puts them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["compile_graph", "compile_products", "prefetch", "cache_dir", "graph_key", "Compiled", "STATS", "FORMAT"]
+
+#: bump when what is stored (or how it is called) changes
+FORMAT = 1
+_LOCK = threading.Lock()
+
+
+@dataclass
+class Compiled:
+    """A compiled graph: call it with the graph's inputs."""
+
+    fn: Callable
+    key: str
+    source: str  # "compiled", "loaded" or "memory"
+    seconds: float
+    path: str | None = None
+    note: str | None = None
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+class _Stats:
+    """Seconds spent compiling and loading in this process (``asd.backends.compile_cache.STATS``)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.compiled = 0
+        self.loaded = 0
+        self.compile_seconds = 0.0
+        self.load_seconds = 0.0
+        self.failed_loads = 0
+
+    def as_dict(self) -> dict:
+        return dict(compiled=self.compiled, loaded=self.loaded, compile_seconds=self.compile_seconds,
+                    load_seconds=self.load_seconds, failed_loads=self.failed_loads)
+
+
+STATS = _Stats()
+# artifacts loaded or compiled in this process, by key: a second operator on the same graph
+_MEMORY: dict[str, Callable] = {}
+
+
+def cache_dir() -> str | None:
+    """The folder of the compiled artifacts, or ``None`` when the on-disk cache is off."""
+    root = os.environ.get("ASD_CACHE_DIR")
+    if root is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "asd")
+    elif not root.strip():
+        return None
+    return os.path.join(root, "compiled")
+
+
+def _meta(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return (f"T({tuple(t.shape)},{tuple(t.stride())},{t.storage_offset()},{t.dtype},{t.device.type},"
+                f"{t.layout},{t.requires_grad})")
+    return f"V({type(t).__name__}:{t!r})"
+
+
+_ENVIRONMENT: str | None = None
+_PREFETCH: threading.Thread | None = None
+
+
+def prefetch() -> None:
+    """Start finding the vector ISA Inductor compiles for (it builds and loads a probe library per
+    candidate ISA in subprocesses: a few tenths of a second per process) in the background, so
+    that it overlaps with the operator's preparation and the recording of its products."""
+    global _PREFETCH
+    with _LOCK:
+        if _PREFETCH is not None or _ENVIRONMENT is not None:
+            return
+        try:  # the imports stay in this thread (importing in two threads at once is not safe)
+            import torch._inductor.codecache  # noqa: F401
+            import torch._inductor.cpp_builder  # noqa: F401
+            from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+        except Exception:  # noqa: BLE001 - no Inductor: compiling will say so
+            return
+
+        def probe():
+            try:
+                valid_vec_isa_list()
+            except Exception:  # noqa: BLE001 - found (and reported) again when compiling
+                pass
+
+        _PREFETCH = threading.Thread(target=probe, name="asd-vec-isa", daemon=True)
+        _PREFETCH.start()
+
+
+def _environment() -> str:
+    """What a compiled artifact depends on besides its graph (computed once per process)."""
+    global _ENVIRONMENT
+    if _PREFETCH is not None:
+        _PREFETCH.join()
+    if _ENVIRONMENT is None:
+        import torch._inductor.config as inductor_config
+
+        try:
+            from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+            isa = str(pick_vec_isa())
+        except Exception:  # noqa: BLE001 - no ISA detection: the key says so
+            isa = "unknown"
+        config = hashlib.sha256(repr(sorted(inductor_config.save_config_portable().items())).encode()).hexdigest()
+        _ENVIRONMENT = "|".join([f"asd-format={FORMAT}", torch.__version__, str(torch.version.git_version),
+                                 sys.version, platform.machine(), platform.system(), isa, config,
+                                 os.environ.get("ATEN_CPU_CAPABILITY", "")])
+    return _ENVIRONMENT
+
+
+def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
+    """The cache key of ``gm`` compiled for inputs like ``example_inputs`` (see the module docstring)."""
+    if any(n.op == "get_attr" for n in gm.graph.nodes):
+        raise ValueError("a graph with attribute tensors: make them inputs first (asd.backends.specialize.lift)")
+    h = hashlib.sha256()
+    h.update(_environment().encode())
+    h.update(gm.code.encode())
+    for t in example_inputs:
+        h.update(_meta(t).encode())
+    h.update(f"threads-independent|{torch.get_default_dtype()}".encode())
+    return h.hexdigest()[:40]
+
+
+def _close(a, b) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not a.is_floating_point():
+        return bool(torch.equal(a, b))
+    scale = float(b.abs().nan_to_num(0.0, 0.0, 0.0).max()) if b.numel() else 0.0
+    tol = 1e-6 if a.dtype == torch.float64 else 1e-3
+    return bool(torch.isclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True).all())
+
+
+def _first(out):
+    return out[0] if isinstance(out, (list, tuple)) and len(out) == 1 else out
+
+
+def _inductor(gm: torch.fx.GraphModule, example_inputs):
+    """``torch._inductor.standalone_compile`` of the graph (static shapes)."""
+    from torch._inductor import standalone_compile
+
+    return standalone_compile(gm, list(example_inputs), dynamic_shapes="from_example_inputs")
+
+
+def _load(path: str):
+    from torch._inductor import CompiledArtifact
+
+    return CompiledArtifact.load(path=path, format="binary")
+
+
+def _callable(artifact) -> Callable:
+    """The artifact's compiled function, called without the artifact's own wrapper."""
+    fn = getattr(artifact, "_compiled_fn", None)
+    if fn is None:
+        return lambda *args: _first(artifact(*args))
+    return lambda *args: _first(fn(*args))
+
+
+def _kernel_call(fn: Callable, example_inputs, expected) -> Callable | None:
+    """Inductor's own entry point inside ``fn`` (AOTAutograd's runtime wrapper around it handles
+    input mutations, aliased outputs and autograd, none of which a specialized products graph has:
+    it costs 3 us per call), or ``None``. Found by walking the wrapper's closures; used only when it
+    returns what the wrapper returns on the example inputs."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    seen, stack, found = set(), [fn], []
+    while stack and len(seen) < 64:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, CompiledFxGraph):
+            found.append(obj)
+            continue
+        for cell in getattr(obj, "__closure__", None) or ():
+            try:
+                stack.append(cell.cell_contents)
+            except ValueError:
+                pass
+        for attr in ("compiled_fn", "__wrapped__"):
+            inner = getattr(obj, attr, None)
+            if inner is not None:
+                stack.append(inner)
+    if len(found) != 1 or found[0].current_callable is None:
+        return None
+    call = found[0].current_callable
+
+    def kernel(*args):
+        out = call(list(args))
+        return out[0] if isinstance(out, (list, tuple)) and len(out) == 1 else out
+
+    try:
+        with torch.no_grad():
+            got = kernel(*example_inputs)
+    except Exception:  # noqa: BLE001 - another calling convention: keep the wrapper
+        return None
+    if not (isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)
+            and got.shape == expected.shape and got.dtype == expected.dtype and torch.equal(got, expected)):
+        return None
+    return kernel
+
+
+def _fast(fn: Callable, example_inputs) -> Callable:
+    try:
+        with torch.no_grad():
+            reference = fn(*example_inputs)
+        return _kernel_call(fn, example_inputs, reference) or fn
+    except Exception:  # noqa: BLE001
+        return fn
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.Tensor | None = None) -> Compiled:
+    """``gm`` compiled by Inductor for inputs like ``example_inputs``, from the on-disk cache when a
+    previous process compiled the same graph. ``expected``: ``gm``'s result on the example inputs;
+    a loaded artifact must reproduce it (else it is compiled again)."""
+    t0 = time.perf_counter()
+    key = graph_key(gm, example_inputs)
+    with _LOCK:
+        fn = _MEMORY.get(key)
+    if fn is not None:
+        return Compiled(fn, key, "memory", time.perf_counter() - t0)
+    folder = cache_dir()
+    path = os.path.join(folder, f"{key}.bin") if folder else None
+    note = None
+    if path is not None and os.path.isfile(path):
+        try:
+            fn = _callable(_load(path))
+            if expected is not None and not _close(fn(*example_inputs), expected):
+                raise RuntimeError("its result differs from the graph's")
+            fn = _fast(fn, example_inputs)
+        except Exception as exc:  # noqa: BLE001 - a corrupt or foreign artifact: compile again
+            fn = None
+            note = f"cached artifact not used ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+            STATS.failed_loads += 1
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        if fn is not None:
+            seconds = time.perf_counter() - t0
+            STATS.loaded += 1
+            STATS.load_seconds += seconds
+            with _LOCK:
+                _MEMORY[key] = fn
+            return Compiled(fn, key, "loaded", seconds, path)
+    artifact = _inductor(gm, example_inputs)
+    fn = _fast(_callable(artifact), example_inputs)
+    if path is not None:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            artifact.save(path=path, format="binary")
+        except Exception as exc:  # noqa: BLE001 - not saved: the next process compiles again
+            note = (note + "; " if note else "") + f"not saved ({type(exc).__name__})"
+            warnings.warn(f"asd: the compiled products could not be saved to {folder} ({exc}); the next process "
+                          "compiles them again", RuntimeWarning, stacklevel=2)
+    seconds = time.perf_counter() - t0
+    STATS.compiled += 1
+    STATS.compile_seconds += seconds
+    with _LOCK:
+        _MEMORY[key] = fn
+    return Compiled(fn, key, "compiled", seconds, path, note)
+
+
+class CompiledProducts:
+    """A recorded products graph ``gm(x, seeds)``, specialized on its constants and compiled:
+    called as ``products(x, seeds)`` with the seeds it was specialized on."""
+
+    def __init__(self, compiled: Compiled, runtime: list[int], extras: list, notes: list[str]):
+        self.compiled = compiled
+        self.runtime = runtime
+        self.extras = extras
+        self.notes = notes
+        fn = compiled.fn
+        if runtime == [0]:
+            self._call = lambda x, seeds: fn(x, *extras)
+        else:
+            self._call = lambda x, seeds: fn(*[(x, seeds)[i] for i in runtime], *extras)
+
+    def __call__(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        return self._call(x, seeds)
+
+
+def compile_products(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor, *, constant_seeds: bool = True,
+                     owned=()) -> CompiledProducts:
+    """Specialize the recorded graph ``gm(x, seeds)`` on the seed rows (when ``constant_seeds``) and
+    the tensors in ``owned`` (see :mod:`asd.backends.specialize`), then compile it (cached)."""
+    from .specialize import functional, specialize
+
+    gm = functional(gm, [x, seeds])
+    spec = specialize(gm, [x, seeds], constant_inputs=[1] if constant_seeds else [], owned=owned)
+    args = spec.arguments([x, seeds])
+    with torch.no_grad():
+        expected = spec.gm(*args)
+    compiled = compile_graph(spec.gm, args, expected=expected)
+    return CompiledProducts(compiled, spec.runtime, spec.extras, spec.notes)

@@ -1,0 +1,284 @@
+"""Compiled operators: the recorded products specialized on the operator's constants
+(asd.backends.specialize), compiled by Inductor without Dynamo and cached on disk
+(asd.backends.compile_cache). The results equal dense AD, a changed function is never answered
+by a stale graph, and a second process loads what the first compiled."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import asd
+from asd.backends import compile_cache
+from asd.backends.specialize import functional, lift, specialize
+from asd.problems import brusselator, brusselator_input, rosenbrock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASD_CACHE_DIR", str(tmp_path / "asd-cache"))
+    monkeypatch.setattr(compile_cache, "_MEMORY", {})
+    return tmp_path / "asd-cache" / "compiled"
+
+
+def _tracing(op):
+    state = op.state
+    return (getattr(state, "fused", None) or state.products).tracing
+
+
+def _stencil(x):
+    u = x.reshape(6, 6)
+    lap = torch.roll(u, 1, 0) + torch.roll(u, -1, 0) + torch.roll(u, 1, 1) + torch.roll(u, -1, 1) - 4 * u
+    return (u ** 2 * torch.sin(u) + 3.0 * lap).reshape(-1)
+
+
+def _padded(x):
+    y = torch.nn.functional.pad(x[1:] * x[:-1], (1, 2), value=0.5)
+    return torch.cat([y * 2, torch.tanh(x[::2])]) + torch.where(y.sum() > 0, 1.0, -1.0)
+
+
+def _softmax_cumsum(x):
+    return torch.softmax(x.reshape(4, 9), dim=1).cumsum(1).reshape(-1) * x
+
+
+def _captured():
+    W = torch.randn(36, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    return lambda x: torch.tanh(x * W)[1:] - x[:-1] ** 3
+
+
+JACOBIANS = [("stencil", _stencil, "forward"), ("stencil-rev", _stencil, "reverse"), ("padded", _padded, "forward"),
+             ("padded-rev", _padded, "reverse"), ("softmax-cumsum", _softmax_cumsum, "forward"),
+             ("captured", _captured(), "forward"), ("brusselator", brusselator(6), "forward")]
+
+
+@pytest.mark.parametrize("name,f,mode", JACOBIANS, ids=[j[0] for j in JACOBIANS])
+def test_compiled_jacobians_equal_dense_ad(name, f, mode):
+    x = torch.randn(72 if name == "brusselator" else 36, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = asd.prepare_jacobian(f, x, mode=mode, compile=True)
+        for seed in (1, 2):
+            z = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+            torch.testing.assert_close(op(z).to_dense(), torch.func.jacrev(f)(z), rtol=1e-10, atol=1e-10)
+    tracing = _tracing(op)
+    assert tracing.compiled is not None and not tracing.disabled, tracing.error
+
+
+@pytest.mark.parametrize("coloring", ["star", "acyclic"])
+def test_compiled_hessians_equal_dense_ad(coloring):
+    x = torch.rand(30, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    h = lambda z: rosenbrock(z) + (torch.sin(z[::3]) ** 2).sum()  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = asd.prepare_hessian(h, x, coloring=coloring, compile=True)
+        for z in (x, x * 1.5 - 0.3):
+            torch.testing.assert_close(op(z).to_dense(), torch.func.hessian(h)(z), rtol=1e-10, atol=1e-10)
+    assert _tracing(op).compiled is not None
+
+
+def test_the_brusselator_gather_is_pushed_into_the_products():
+    f, x = brusselator(8), brusselator_input(8)
+    op = asd.prepare_jacobian(f, x, mode="forward", compile=True)
+    J = op(x)
+    torch.testing.assert_close(J.to_dense(), torch.func.jacfwd(f)(x))
+    notes = " ".join(_tracing(op).compiled.notes)
+    assert "pushed" in notes, notes
+
+
+def test_changed_closure_values_are_seen():
+    p = {"scale": 2.0}
+    f = lambda x: torch.roll(x, 1) * x * p["scale"]  # noqa: E731
+    x = torch.rand(12, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, compile=True)
+    for s in (2.0, 5.0, -1.0):
+        p["scale"] = s
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+
+
+def test_captured_tensors_are_read_by_reference():
+    state = {"W": torch.rand(12, dtype=torch.float64)}
+    f = lambda x: torch.tanh(x * state["W"]) + torch.roll(x, 1) ** 2  # noqa: E731
+    x = torch.rand(12, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, mode="forward", compile=True)
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+    state["W"].mul_(3.0)  # in place: neither folded nor baked into the compiled graph
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+    state["W"] = torch.rand(12, dtype=torch.float64)  # rebound: the fingerprint changes
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+
+
+def test_results_of_a_constant_jacobian_are_not_shared():
+    A = torch.randn(5, 8, dtype=torch.float64)
+    f = lambda x: A @ x  # noqa: E731 - linear: every product folds into a constant
+    x = torch.rand(8, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = asd.prepare_jacobian(f, x, compile=True)
+        v = op.values(x)
+        v.mul_(0.0)  # the caller owns the values it got
+        torch.testing.assert_close(op(x).to_dense(), A)
+
+
+def test_inputs_that_require_grad_are_evaluated_by_the_transforms():
+    f = lambda x: torch.roll(x, 1) * x  # noqa: E731
+    x = torch.rand(10, dtype=torch.float64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = asd.prepare_jacobian(f, x.detach(), compile=True)
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x.detach()))
+
+
+# -- the specialization pass on its own -------------------------------------------------------------
+
+def _recorded(f, x, seeds, index):
+    def fn(a, s):
+        products = torch.func.vmap(lambda t: torch.func.jvp(f, (a,), (t,))[1])(s)
+        return products.reshape(-1).index_select(0, index)
+    return make_fx(fn)(x, seeds)
+
+
+@pytest.mark.parametrize("f", [_stencil, _padded, _softmax_cumsum], ids=["stencil", "padded", "softmax"])
+def test_specialized_graphs_compute_what_the_recorded_ones_do(f):
+    x = torch.randn(36, dtype=torch.float64)
+    m = f(x).numel()
+    seeds = torch.zeros(4, 36, dtype=torch.float64)
+    seeds[torch.arange(36) % 4, torch.arange(36)] = 1.0
+    index = torch.randperm(4 * m)[: 3 * m // 2].sort().values
+    gm = functional(_recorded(f, x, seeds, index), [x, seeds])
+    spec = specialize(gm, [x, seeds], constant_inputs=[1], owned=[index])
+    assert spec.runtime == [0]  # the seeds are folded away
+    for z in (x, torch.randn(36, dtype=torch.float64)):
+        want, got = gm(z, seeds), spec.gm(*spec.arguments([z, seeds]))
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
+
+
+def test_graphs_that_write_in_place_are_only_lifted():
+    def fn(a, s):
+        y = a * 2
+        y.add_(1.0)
+        return (y * s).sum(1)
+    x, s = torch.rand(5, dtype=torch.float64), torch.eye(5, dtype=torch.float64)
+    spec = specialize(make_fx(fn)(x, s), [x, s], constant_inputs=[1])
+    assert spec.runtime == [0, 1] and any("in-place" in n for n in spec.notes)
+    torch.testing.assert_close(spec.gm(*spec.arguments([x, s])), fn(x, s))
+
+
+def test_lift_makes_attribute_tensors_inputs_read_by_reference():
+    W = torch.rand(4, dtype=torch.float64)
+    gm = make_fx(lambda a: a * W)(torch.rand(4, dtype=torch.float64))
+    spec = lift(gm, [torch.rand(4)])
+    assert not any(n.op == "get_attr" for n in spec.gm.graph.nodes)
+    assert spec.extras[0] is W
+
+
+# -- the on-disk cache ------------------------------------------------------------------------------
+
+def _graph(scale=2.0, n=6):
+    x = torch.rand(n, dtype=torch.float64)
+    gm = make_fx(lambda a: torch.sin(a) * scale + a.roll(1))(x)
+    return gm, [x]
+
+
+def test_keys_follow_the_graph_and_the_inputs():
+    gm, inputs = _graph()
+    assert compile_cache.graph_key(gm, inputs) == compile_cache.graph_key(_graph()[0], inputs)
+    assert compile_cache.graph_key(_graph(scale=3.0)[0], inputs) != compile_cache.graph_key(gm, inputs)
+    assert compile_cache.graph_key(gm, [torch.rand(6, dtype=torch.float32)]) != compile_cache.graph_key(gm, inputs)
+    strided = torch.rand(12, dtype=torch.float64)[::2]
+    assert compile_cache.graph_key(gm, [strided]) != compile_cache.graph_key(gm, inputs)
+
+
+def test_artifacts_are_saved_loaded_and_checked(private_cache):
+    gm, inputs = _graph()
+    first = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
+    assert first.source == "compiled" and os.path.isfile(first.path)
+    compile_cache._MEMORY.clear()
+    second = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
+    assert second.source == "loaded" and second.key == first.key
+    z = torch.rand(6, dtype=torch.float64)
+    torch.testing.assert_close(second(z), gm(z))
+    assert compile_cache.compile_graph(gm, inputs).source == "memory"
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
+def test_a_corrupt_artifact_is_compiled_again(private_cache, damage):
+    gm, inputs = _graph(scale=1.25)
+    path = compile_cache.compile_graph(gm, inputs).path
+    data = open(path, "rb").read()
+    with open(path, "wb") as fh:
+        fh.write({"garbage": b"not an artifact" * 10, "truncated": data[: len(data) // 2], "empty": b""}[damage])
+    compile_cache._MEMORY.clear()
+    again = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
+    assert again.source == "compiled" and again.note and "not used" in again.note
+    torch.testing.assert_close(again(*inputs), gm(*inputs))
+    compile_cache._MEMORY.clear()
+    assert compile_cache.compile_graph(gm, inputs).source == "loaded"  # replaced by a good one
+
+
+def test_an_artifact_computing_something_else_is_not_served(private_cache, monkeypatch):
+    gm, inputs = _graph(scale=0.5)
+    compile_cache.compile_graph(gm, inputs)
+    compile_cache._MEMORY.clear()
+    real = compile_cache._load
+    monkeypatch.setattr(compile_cache, "_load", lambda path: (lambda art: (lambda *a: art(*a) + 1.0))(real(path)))
+    again = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
+    assert again.source == "compiled"
+    torch.testing.assert_close(again(*inputs), gm(*inputs))
+
+
+def test_an_empty_cache_dir_turns_the_disk_cache_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("ASD_CACHE_DIR", "")
+    assert compile_cache.cache_dir() is None
+    gm, inputs = _graph(scale=0.75)
+    c = compile_cache.compile_graph(gm, inputs)
+    assert c.source == "compiled" and c.path is None
+
+
+def test_a_failing_compiler_falls_back_to_eager_with_a_warning(monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("compiler exploded")
+
+    monkeypatch.setattr(compile_cache, "compile_graph", broken)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: (lambda *a, **k: broken()))
+    f, x = brusselator(4), brusselator_input(4)
+    op = asd.prepare_jacobian(f, x, compile=True)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed"):
+        J = op(x)
+    torch.testing.assert_close(J.to_dense(), torch.func.jacrev(f)(x))
+    assert "compiler exploded" in _tracing(op).error
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys, time, warnings
+    import torch
+    import asd
+    from asd.problems import brusselator, brusselator_input
+    from asd.backends.compile_cache import STATS
+    f, x = brusselator(5), brusselator_input(5)
+    op = asd.prepare_jacobian(f, x, compile=True)
+    values = op.values(x)
+    state = op.state
+    tracing = (getattr(state, "fused", None) or state.products).tracing
+    print(json.dumps(dict(source=tracing.compiled.compiled.source, stats=STATS.as_dict(),
+                          values=values.tolist())))
+""")
+
+
+def test_a_second_process_loads_what_the_first_compiled(tmp_path):
+    env = dict(os.environ, ASD_CACHE_DIR=str(tmp_path / "shared"), PYTHONPATH=ROOT)
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert runs[0]["source"] == "compiled" and runs[0]["stats"]["compiled"] == 1
+    assert runs[1]["source"] == "loaded" and runs[1]["stats"]["compiled"] == 0
+    assert runs[0]["values"] == runs[1]["values"]

@@ -192,11 +192,14 @@ def test_three_operand_and_keyword_pointwise():
 def test_layouts_the_fast_path_declines_or_matches():
     x = _m((4, 6))
     _agree(aten.mul.Tensor, (x.t(), _m((6, 4))), expect_fast=False)  # a transposed operand
-    _agree(aten.mul.Tensor, (x[:, ::2], _m((4, 3))), expect_fast=False)  # a strided slice
+    _agree(aten.mul.Tensor, (x[:, ::2], _m((4, 3))), expect_fast=True)  # a strided slice in row-major order
+    _agree(aten.sub.Tensor, (x[1:, :-1], x[:-1, :-1]), expect_fast=True)  # a 2-D stencil's slices
+    _agree(aten.mul.Tensor, (x.t()[:, ::2], _m((6, 2))), expect_fast=False)  # a transposed slice
     _agree(aten.mul.Tensor, (_m((6,)).expand(4, 6), x), expect_fast=True)  # an expanded contiguous operand
     _agree(aten.add.Tensor, (_m((4, 1)).expand(4, 6), _m((1, 6)).expand(4, 6)), expect_fast=True)
     _agree(aten.add.Tensor, (_m(()).expand(2, 3), _m(()).expand(2, 3)), expect_fast=True)
-    _agree(aten.exp.default, (torch.empty_strided((3, 1, 4), (4, 100, 1), device="meta"),), expect_fast=False)
+    _agree(aten.exp.default, (torch.empty_strided((3, 1, 4), (4, 100, 1), device="meta"),), expect_fast=True)
+    _agree(aten.exp.default, (torch.empty_strided((3, 1, 4), (1, 100, 3), device="meta"),), expect_fast=False)
     _agree(aten.exp.default, (_m((0, 3)),), expect_fast=False)  # empty operands go to the meta kernel
     _agree(aten.exp.default, (_m((1,) * 9),), expect_fast=False)  # so do operands of many dims
     _agree(aten.exp.default, (_m((1,) * 8),), expect_fast=True)
@@ -276,7 +279,12 @@ def test_every_pointwise_op_and_dtype_combination_matches_meta():
 @st.composite
 def _operand(draw, shape):
     dtype = draw(st.sampled_from(DTYPES))
-    layout = draw(st.sampled_from(["contiguous", "contiguous", "expanded", "transposed"]))
+    layout = draw(st.sampled_from(["contiguous", "contiguous", "expanded", "transposed", "sliced"]))
+    if layout == "sliced" and shape:  # every dim cut out of a larger tensor, some with a step
+        steps = [draw(st.integers(1, 2)) for _ in shape]
+        starts = [draw(st.integers(0, 1)) for _ in shape]
+        big = _m(tuple(a + n * k + 1 for n, k, a in zip(shape, steps, starts)), dtype)
+        return big[tuple(slice(a, a + n * k, k) for n, k, a in zip(shape, steps, starts))]
     if layout == "expanded" and shape:
         k = draw(st.integers(0, len(shape) - 1))
         small = tuple(1 if i == k else n for i, n in enumerate(shape))

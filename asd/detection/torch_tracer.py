@@ -179,8 +179,9 @@ def _meta_key(a):
 # ranks (``torch.ones([2] * t.dim())``: 0-dim operands keep their lower type-promotion priority, the
 # op checks its dims and dtypes as it would, and no dim of size 1 makes a case of its own, such as
 # var's degrees of freedom), contiguous strides. It answers only
-# where every tensor operand is non-empty and contiguous with canonical strides (the output is then
-# contiguous); anywhere else, or on any error, the meta kernel runs as before (and reports a
+# where every tensor operand is non-empty and contiguous with canonical strides (for pointwise ops
+# also expanded, or a slice whose strides keep the dims' order: the output is then contiguous);
+# anywhere else, or on any error, the meta kernel runs as before (and reports a
 # genuine error in ``f``). tests/test_detection_speed.py checks it against the meta kernels.
 
 # Argument types a functional pointwise op may take here (no memory format, device or layout).
@@ -221,6 +222,20 @@ def _expanded_contiguous(t: torch.Tensor) -> bool:
         if st != acc:
             return False
         acc *= n
+    return True
+
+
+def _row_major(t: torch.Tensor, shape: tuple) -> bool:
+    """Whether ``t``'s strides decrease strictly along the dims where it and the broadcast
+    ``shape`` have more than one element (a slice such as ``u[1:, :-1]``): TensorIterator then keeps
+    the dims in order and a pointwise result is contiguous."""
+    last = None
+    for n, st, full in zip(t.shape, t.stride(), shape[len(shape) - t.dim():]):
+        if n == 1 or full == 1 or st == 0:
+            continue
+        if st < 0 or (last is not None and st >= last):
+            return False
+        last = st
     return True
 
 
@@ -415,11 +430,13 @@ def _fast_meta(func, pflat, spec, pargs, pkwargs):
     tensors = [a for a in pflat if isinstance(a, torch.Tensor)]
     if not tensors:
         return None
+    out_shape = _broadcast_shape([tuple(t.shape) for t in tensors]) if shape_fn is _pointwise_shape else None
     for t in tensors:
         if t.numel() == 0 or t.dim() > 8:  # the stand-ins below have 2 ** dim elements
             return None
         if t.stride() != _contiguous_strides(t.shape) and func not in _ANY_STRIDES and not (
-                shape_fn is _pointwise_shape and _expanded_contiguous(t)):
+                shape_fn is _pointwise_shape and (_expanded_contiguous(t) or (
+                    out_shape is not None and _row_major(t, out_shape)))):
             return None
     try:
         b = bind(func, pargs, pkwargs)

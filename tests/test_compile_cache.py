@@ -227,8 +227,10 @@ def test_an_artifact_computing_something_else_is_not_served(private_cache, monke
     gm, inputs = _graph(scale=0.5)
     compile_cache.compile_graph(gm, inputs)
     compile_cache._MEMORY.clear()
-    real = compile_cache._load
-    monkeypatch.setattr(compile_cache, "_load", lambda path: (lambda art: (lambda *a: art(*a) + 1.0))(real(path)))
+    for loader in ("_load", "_aoti_load"):  # whichever format was stored, it now computes f + 1
+        real = getattr(compile_cache, loader)
+        monkeypatch.setattr(compile_cache, loader,
+                            lambda path, real=real: (lambda art: (lambda *a: art(*a) + 1.0))(real(path)))
     again = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
     assert again.source == "compiled"
     torch.testing.assert_close(again(*inputs), gm(*inputs))
@@ -282,3 +284,46 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
     assert runs[0]["source"] == "compiled" and runs[0]["stats"]["compiled"] == 1
     assert runs[1]["source"] == "loaded" and runs[1]["stats"]["compiled"] == 0
     assert runs[0]["values"] == runs[1]["values"]
+
+
+def test_inductor_artifacts_where_aotinductor_is_off(private_cache, monkeypatch):
+    monkeypatch.setattr(compile_cache, "AOTI", False)
+    gm, inputs = _graph(scale=1.5)
+    first = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
+    assert first.source == "compiled" and first.path.endswith(".bin")
+    compile_cache._MEMORY.clear()
+    second = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
+    assert second.source == "loaded"
+    torch.testing.assert_close(second(*inputs), gm(*inputs))
+
+
+# -- recording without make_fx ----------------------------------------------------------------------
+
+def test_recording_reproduces_the_transforms_bit_for_bit():
+    from asd.backends.record import record
+
+    W = torch.randn(36, dtype=torch.float64)
+    f = lambda x: _softmax_cumsum(x) * W + _stencil(x)  # noqa: E731
+    x = torch.randn(36, dtype=torch.float64)
+    seeds = torch.eye(36, dtype=torch.float64)[:5]
+    fns = {"jvp": lambda a, s: torch.func.vmap(lambda t: torch.func.jvp(f, (a,), (t,))[1])(s),
+           "vjp": lambda a, s: torch.func.vmap(torch.func.vjp(f, a)[1])(s)[0],
+           "hvp": lambda a, s: torch.func.vmap(lambda t: torch.func.jvp(torch.func.grad(lambda z: f(z).sum()),
+                                                                         (a,), (t,))[1])(s)}
+    for name, fn in fns.items():
+        gm = record(fn, x, seeds)
+        assert not any(n.op == "call_function" and "dynamo" in str(n.target) for n in gm.graph.nodes)
+        z = torch.randn(36, dtype=torch.float64)
+        assert torch.equal(gm(z, seeds), fn(z, seeds)), name
+        assert any(getattr(gm, n.target) is W for n in gm.graph.nodes if n.op == "get_attr"), name  # by reference
+
+
+def test_recording_refuses_values_baked_into_the_graph():
+    from asd.backends.record import RecordingError, record
+
+    with pytest.raises(RecordingError):
+        record(lambda a: a * a.sum().item(), torch.rand(4))
+    with pytest.raises(RecordingError):
+        record(lambda a: a * float(a.max()), torch.rand(4))
+    with pytest.raises(RecordingError):
+        record(lambda a: a[: int(torch.nonzero(a > 0.5).shape[0])].sum() * a, torch.rand(4))

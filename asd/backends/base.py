@@ -94,12 +94,24 @@ class BatchedProducts:
             trace.constant_seeds = True  # the seed rows are this object's own and never written
             if compile:
                 trace.compile = True  # compile the recorded graph; the transforms only if that fails
-                from .compile_cache import prefetch
-
-                prefetch()
-        self._compiled = torch.compile(fn, dynamic=False) if compile else None
+        # torch.compile of the transforms: the fallback when no graph can be recorded, made at
+        # first use (creating it imports Dynamo: about 1 s of every compiled operator's preparation)
+        self._compile_transforms = compile
+        self._compiled_fn = None
         self.compile_failed: str | None = None
         self.sparse_constants: bool | None = None
+
+    @property
+    def _compiled(self):
+        if self._compile_transforms and self._compiled_fn is None:
+            self._compiled_fn = torch.compile(self._eager, dynamic=False)
+        return self._compiled_fn
+
+    @_compiled.setter
+    def _compiled(self, fn) -> None:
+        self._compiled_fn = fn
+        if fn is None:
+            self._compile_transforms = False
 
     @property
     def nseeds(self) -> int:

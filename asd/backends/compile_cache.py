@@ -23,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -32,10 +34,12 @@ from typing import Callable
 
 import torch
 
-__all__ = ["compile_graph", "compile_products", "prefetch", "cache_dir", "graph_key", "Compiled", "STATS", "FORMAT"]
+__all__ = ["compile_graph", "compile_products", "cache_dir", "graph_key", "Compiled", "STATS", "FORMAT"]
 
 #: bump when what is stored (or how it is called) changes
-FORMAT = 1
+FORMAT = 2
+#: compile to AOTInductor packages (False: Inductor's own artifacts only)
+AOTI = True
 _LOCK = threading.Lock()
 
 
@@ -96,51 +100,37 @@ def _meta(t) -> str:
 
 
 _ENVIRONMENT: str | None = None
-_PREFETCH: threading.Thread | None = None
 
 
-def prefetch() -> None:
-    """Start finding the vector ISA Inductor compiles for (it builds and loads a probe library per
-    candidate ISA in subprocesses: a few tenths of a second per process) in the background, so
-    that it overlaps with the operator's preparation and the recording of its products."""
-    global _PREFETCH
-    with _LOCK:
-        if _PREFETCH is not None or _ENVIRONMENT is not None:
-            return
-        try:  # the imports stay in this thread (importing in two threads at once is not safe)
-            import torch._inductor.codecache  # noqa: F401
-            import torch._inductor.cpp_builder  # noqa: F401
-            from torch._inductor.cpu_vec_isa import valid_vec_isa_list
-        except Exception:  # noqa: BLE001 - no Inductor: compiling will say so
-            return
-
-        def probe():
+def _cpu() -> str:
+    """The processor, as far as compiled code depends on it (the vector instructions it may use)."""
+    flags = []
+    for name in ("avx2", "avx512", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_fp16", "arm_sve"):
+        probe = getattr(torch.cpu, f"_is_{name}_supported", None)
+        if probe is not None:
             try:
-                valid_vec_isa_list()
-            except Exception:  # noqa: BLE001 - found (and reported) again when compiling
-                pass
-
-        _PREFETCH = threading.Thread(target=probe, name="asd-vec-isa", daemon=True)
-        _PREFETCH.start()
+                flags.append(f"{name}={bool(probe())}")
+            except Exception:  # noqa: BLE001
+                flags.append(f"{name}=?")
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model}|{torch.backends.cpu.get_cpu_capability()}|{','.join(flags)}"
 
 
 def _environment() -> str:
-    """What a compiled artifact depends on besides its graph (computed once per process)."""
+    """What a compiled artifact depends on besides its graph (computed once per process, without
+    Inductor's compiler: loading a cached artifact must stay cheap)."""
     global _ENVIRONMENT
-    if _PREFETCH is not None:
-        _PREFETCH.join()
     if _ENVIRONMENT is None:
         import torch._inductor.config as inductor_config
 
-        try:
-            from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-            isa = str(pick_vec_isa())
-        except Exception:  # noqa: BLE001 - no ISA detection: the key says so
-            isa = "unknown"
         config = hashlib.sha256(repr(sorted(inductor_config.save_config_portable().items())).encode()).hexdigest()
         _ENVIRONMENT = "|".join([f"asd-format={FORMAT}", torch.__version__, str(torch.version.git_version),
-                                 sys.version, platform.machine(), platform.system(), isa, config,
+                                 sys.version, platform.machine(), platform.system(), _cpu(), config,
                                  os.environ.get("ATEN_CPU_CAPABILITY", "")])
     return _ENVIRONMENT
 
@@ -154,7 +144,8 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
     h.update(gm.code.encode())
     for t in example_inputs:
         h.update(_meta(t).encode())
-    h.update(f"threads-independent|{torch.get_default_dtype()}".encode())
+    # Inductor's CPU kernels are generated for the number of threads set when they are compiled
+    h.update(f"threads={torch.get_num_threads()}|{torch.get_default_dtype()}".encode())
     return h.hexdigest()[:40]
 
 
@@ -183,6 +174,32 @@ def _load(path: str):
     from torch._inductor import CompiledArtifact
 
     return CompiledArtifact.load(path=path, format="binary")
+
+
+def _aoti_available() -> bool:
+    return hasattr(torch._C, "_aoti") and hasattr(torch._C._aoti, "AOTIModelPackageLoader")
+
+
+def _aoti_compile(gm: torch.fx.GraphModule, example_inputs, path: str) -> None:
+    """AOTInductor: the graph compiled into a self-contained package (kernels and their C++ caller)."""
+    from torch._inductor import aoti_compile_and_package
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own deprecation notices about its internals
+        program = torch.export.export(gm, tuple(example_inputs), strict=False)
+        aoti_compile_and_package(program, package_path=path)
+
+
+def _aoti_load(path: str) -> Callable:
+    """A package written by :func:`_aoti_compile`, loaded without Python-side Inductor (milliseconds)."""
+    loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+    run = loader.run
+
+    def call(*args):
+        return run(list(args))[0]
+
+    call.loader = loader  # keeps the loaded library alive with the callable
+    return call
 
 
 def _callable(artifact) -> Callable:
@@ -246,10 +263,30 @@ def _fast(fn: Callable, example_inputs) -> Callable:
         return fn
 
 
+def _try_load(path: str, load: Callable, example_inputs, expected):
+    """``(callable, None)`` from the artifact at ``path``, or ``(None, why not)`` (and the file is removed)."""
+    try:
+        fn = load(path)
+        if expected is not None and not _close(fn(*example_inputs), expected):
+            raise RuntimeError("its result differs from the graph's")
+        return fn, None
+    except Exception as exc:  # noqa: BLE001 - a corrupt or foreign artifact: compile again
+        STATS.failed_loads += 1
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+        return None, f"cached artifact not used ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.Tensor | None = None) -> Compiled:
     """``gm`` compiled by Inductor for inputs like ``example_inputs``, from the on-disk cache when a
     previous process compiled the same graph. ``expected``: ``gm``'s result on the example inputs;
-    a loaded artifact must reproduce it (else it is compiled again)."""
+    an artifact must reproduce it (a loaded one is otherwise compiled again).
+
+    The artifact is an AOTInductor package (``<key>.pt2``: loading it imports nothing of Inductor,
+    a few milliseconds); where AOTInductor cannot compile the graph, Inductor's own artifact
+    (``<key>.bin``, ``torch._inductor.standalone_compile``; loading it imports Inductor's compiler)."""
     t0 = time.perf_counter()
     key = graph_key(gm, example_inputs)
     with _LOCK:
@@ -257,22 +294,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
     if fn is not None:
         return Compiled(fn, key, "memory", time.perf_counter() - t0)
     folder = cache_dir()
-    path = os.path.join(folder, f"{key}.bin") if folder else None
-    note = None
-    if path is not None and os.path.isfile(path):
-        try:
-            fn = _callable(_load(path))
-            if expected is not None and not _close(fn(*example_inputs), expected):
-                raise RuntimeError("its result differs from the graph's")
-            fn = _fast(fn, example_inputs)
-        except Exception as exc:  # noqa: BLE001 - a corrupt or foreign artifact: compile again
-            fn = None
-            note = f"cached artifact not used ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
-            STATS.failed_loads += 1
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+    notes = []
+    stored = ([(os.path.join(folder, f"{key}.pt2"), _aoti_load if _aoti_available() else None),
+               (os.path.join(folder, f"{key}.bin"), lambda p: _fast(_callable(_load(p)), example_inputs))]
+              if folder else [])
+    for path, load in stored:
+        if load is None or not os.path.isfile(path):
+            continue
+        fn, note = _try_load(path, load, example_inputs, expected)
         if fn is not None:
             seconds = time.perf_counter() - t0
             STATS.loaded += 1
@@ -280,22 +309,49 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
             with _LOCK:
                 _MEMORY[key] = fn
             return Compiled(fn, key, "loaded", seconds, path)
-    artifact = _inductor(gm, example_inputs)
-    fn = _fast(_callable(artifact), example_inputs)
-    if path is not None:
+        notes.append(note)
+    fn, path = None, None
+    if _aoti_available() and AOTI:
+        tmp = tempfile.mkdtemp(prefix="asd-aoti-")
         try:
-            os.makedirs(folder, exist_ok=True)
-            artifact.save(path=path, format="binary")
-        except Exception as exc:  # noqa: BLE001 - not saved: the next process compiles again
-            note = (note + "; " if note else "") + f"not saved ({type(exc).__name__})"
-            warnings.warn(f"asd: the compiled products could not be saved to {folder} ({exc}); the next process "
-                          "compiles them again", RuntimeWarning, stacklevel=2)
+            package = os.path.join(tmp, "model.pt2")
+            _aoti_compile(gm, example_inputs, package)
+            fn = _aoti_load(package)
+            if expected is not None and not _close(fn(*example_inputs), expected):
+                raise RuntimeError("its result differs from the graph's")
+            if folder:
+                try:
+                    os.makedirs(folder, exist_ok=True)
+                    path = os.path.join(folder, f"{key}.pt2")
+                    shutil.copyfile(package, path + ".tmp")
+                    os.replace(path + ".tmp", path)
+                except OSError as exc:
+                    notes.append(f"not saved ({exc})")
+                    path = None
+        except Exception as exc:  # noqa: BLE001 - AOTInductor refused: Inductor's own artifact
+            fn = None
+            notes.append(f"AOTInductor: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if fn is None:
+        artifact = _inductor(gm, example_inputs)
+        fn = _fast(_callable(artifact), example_inputs)
+        if folder:
+            try:
+                os.makedirs(folder, exist_ok=True)
+                path = os.path.join(folder, f"{key}.bin")
+                artifact.save(path=path, format="binary")
+            except Exception as exc:  # noqa: BLE001 - not saved: the next process compiles again
+                path = None
+                notes.append(f"not saved ({type(exc).__name__})")
+                warnings.warn(f"asd: the compiled products could not be saved to {folder} ({exc}); the next "
+                              "process compiles them again", RuntimeWarning, stacklevel=2)
     seconds = time.perf_counter() - t0
     STATS.compiled += 1
     STATS.compile_seconds += seconds
     with _LOCK:
         _MEMORY[key] = fn
-    return Compiled(fn, key, "compiled", seconds, path, note)
+    return Compiled(fn, key, "compiled", seconds, path, "; ".join(notes) or None)
 
 
 class CompiledProducts:

@@ -62,6 +62,18 @@ class Tracing:
         self.disabled = False
         self.error: str | None = None
 
+    def _record(self, make_fx, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
+        """The products' graph: a compiled operator records it without ``make_fx`` (which imports
+        Dynamo: a second of a fresh process that only loads a cached compiled artifact)."""
+        if self.compile:
+            from .record import RecordingError, record
+
+            try:
+                return record(fn, x, seeds)
+            except RecordingError:
+                pass
+        return make_fx(lambda a, b: fn(a, b))(x, seeds)
+
     def run(self, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products through the recorded graph, or ``None`` (evaluate ``fn`` itself)."""
         if self.disabled:
@@ -94,7 +106,7 @@ class Tracing:
             from .graph_passes import reuse_buffers, simplify
 
             try:
-                graph = simplify(make_fx(lambda a, b: fn(a, b))(x, seeds))
+                graph = simplify(self._record(make_fx, fn, x, seeds))
                 if self.compile:
                     from .compile_cache import compile_products
 

@@ -341,3 +341,30 @@ def test_ops_without_a_rule_are_general(monkeypatch):
     assert P[:3, :3].all() and not P[:3, 3].any()
     with pytest.raises(UnsupportedOpError):
         detect(f, 4, strict=True)
+
+
+@pytest.mark.parametrize("sliced", [True, False])
+def test_product_rule_leaves_the_shared_sets_of_its_operand_intact(sliced):
+    """The prod rule's unique-in-group matrix was built on its operand's arrays and compacted in
+    place: the operand's sets (shared with the stacked tensor, or a view of them) lost x[3]."""
+    import asd
+
+    def f(x):
+        a = torch.stack([x[0] + x[1], x[1] + x[2], x[3]])
+        return (a[0:2].prod() if sliced else a.prod()) + a[0] * x[3]
+
+    x = torch.rand(4, dtype=torch.float64) + 0.5
+    H = torch.func.hessian(f)(x)
+    P = hessian_sparsity(f, x).toarray()
+    assert P[H != 0].all()
+    torch.testing.assert_close(asd.prepare_hessian(f, x)(x).to_dense(), H, rtol=1e-12, atol=1e-12)
+
+
+def test_set_matrices_are_read_only():
+    from asd.detection import sets as S
+
+    M = S.identity(4)
+    with pytest.raises(ValueError):
+        M.indices[0] = 3
+    with pytest.raises(ValueError):
+        S.take_rows(M, np.arange(1, 3)).indices[0] = 0

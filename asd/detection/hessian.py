@@ -195,7 +195,8 @@ class HessianTracer(Tracer):
         _, inv, counts = np.unique(keys, return_inverse=True, return_counts=True)
         unique_in_group = (counts[inv] == 1).astype(np.int64)
         U = S.gather_union(G, groups, np.arange(G.shape[0]), ngroups).astype(np.int64)
-        E = sp.csr_matrix((unique_in_group, G.indices, G.indptr), shape=G.shape)
+        # copies: G's arrays belong to live (shared) set matrices, and eliminate_zeros compacts in place
+        E = sp.csr_matrix((unique_in_group, G.indices.copy(), G.indptr.copy()), shape=G.shape)
         E.eliminate_zeros()
         D = ((U.T @ U) - (E.T @ E)).tocsr()
         D.data = D.data > 0

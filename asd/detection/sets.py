@@ -68,6 +68,10 @@ def _csr(indptr: np.ndarray, indices: np.ndarray, shape: tuple[int, int]) -> sp.
     dt = _index_dtype(shape, len(indices))
     indptr = np.asarray(indptr).astype(dt, copy=False)
     indices = np.asarray(indices).astype(dt, copy=False)
+    # set matrices share their arrays (views, reused structures): a write into one would change
+    # others, so any attempt raises instead
+    indptr.flags.writeable = False
+    indices.flags.writeable = False
     if _FIELDS is None:
         return _csr_validated(indptr, indices, shape)
     out = sp.csr_matrix.__new__(sp.csr_matrix)

@@ -299,9 +299,14 @@ class _SparseOperator:
             warm = self._warmup_now(x)
             if warm is not None:
                 try:
-                    return run(warm.backend, warm.state, self.decompressor, _private(x))
+                    out = run(warm.backend, warm.state, self.decompressor, _private(x))
                 except Exception:  # noqa: BLE001 - refused here: the operator's own strategy from now on
                     self._warmup = None
+                else:
+                    # double backward gives NaN where torch.func's products are finite (a norm's
+                    # Hessian at 0): such a call is evaluated by the operator's own strategy
+                    if bool(torch.isfinite(out).all()):
+                        return out
             if self._user_backend:
                 return run(self.backend, self.state, self.decompressor, _private(x))
             try:

@@ -399,3 +399,16 @@ def test_fill_values_of_movement_ops_carry_no_dependence():
         P = jacobian_sparsity(f, x).toarray()
         J = torch.autograd.functional.jacobian(f, x).reshape(P.shape) != 0
         assert (P == J.numpy()).all()
+
+
+def test_metadata_memo_tells_python_number_types_apart():
+    """``+ 1`` and ``+ 1.0`` on an integer tensor have different result dtypes: the memo of the
+    tracer's metadata keys on the number's type too."""
+    from asd.detection import jacobian_pattern
+
+    def f(x):
+        a = (x > 0).long() + 1
+        b = (x > 0).long() + 1.0
+        assert a.dtype == torch.int64 and b.dtype == torch.get_default_dtype(), (a.dtype, b.dtype)
+        return x * b
+    jacobian_pattern(f, torch.rand(5))

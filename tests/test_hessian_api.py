@@ -190,3 +190,20 @@ def test_rebound_hessian_warms_up_its_own_function():
     assert new._warmup is not op._warmup
     torch.testing.assert_close(new(x).to_dense(), torch.diag(12 * x), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(op(x).to_dense(), torch.diag(6 * x), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("f", [lambda v: torch.linalg.vector_norm(v) ** 3, lambda v: torch.norm(v) ** 3,
+                               lambda v: torch.linalg.vector_norm(v[1:] - v[:-1]) ** 4])
+def test_warmup_nan_where_the_batched_products_are_finite(f):
+    """Double backward of a norm at 0 is NaN; the exact Hessian there is 0, which torch.func's
+    forward-over-reverse gives: such calls are evaluated by the batched products."""
+    x = torch.zeros(4, dtype=torch.float64)
+    op = asd.prepare_hessian(f, x, check=False)
+    assert op._warmup is not None
+    H = op(x).to_dense()
+    assert torch.isfinite(H).all()
+    torch.testing.assert_close(H, torch.func.jacfwd(torch.func.jacrev(f))(x))
+    v, g, H2 = op.value_grad_hessian(x)
+    assert torch.isfinite(H2.to_dense()).all()
+    y = torch.rand(4, dtype=torch.float64)
+    torch.testing.assert_close(op(y).to_dense(), torch.func.hessian(f)(y), rtol=1e-10, atol=1e-12)

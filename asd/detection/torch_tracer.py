@@ -167,7 +167,7 @@ def _meta_key(a):
     if isinstance(a, (list, tuple)):
         return tuple(_meta_key(t) for t in a)
     hash(a)
-    return a
+    return (type(a), a)  # 1, 1.0 and True promote differently
 
 
 # Output metadata without the meta kernel. In PyTorch 2.x many meta kernels are Python references

@@ -327,3 +327,21 @@ def test_recording_refuses_values_baked_into_the_graph():
         record(lambda a: a * float(a.max()), torch.rand(4))
     with pytest.raises(RecordingError):
         record(lambda a: a[: int(torch.nonzero(a > 0.5).shape[0])].sum() * a, torch.rand(4))
+
+
+def test_the_cache_evicts_the_least_recently_used(private_cache, monkeypatch):
+    import time as _time
+
+    monkeypatch.setattr(compile_cache, "AOTI", False)  # small, quick artifacts
+    paths = []
+    for scale in (1.1, 1.2, 1.3):
+        gm, inputs = _graph(scale=scale)
+        paths.append(compile_cache.compile_graph(gm, inputs).path)
+        _time.sleep(0.05)
+    size = os.path.getsize(paths[0])
+    os.utime(paths[0])  # used again: the second one is now the oldest
+    monkeypatch.setenv("ASD_CACHE_MAX_MB", str(2.5 * size / (1 << 20)))
+    gm, inputs = _graph(scale=1.4)
+    newest = compile_cache.compile_graph(gm, inputs).path
+    assert os.path.isfile(newest) and os.path.isfile(paths[0])
+    assert not os.path.isfile(paths[1]) and not os.path.isfile(paths[2])

@@ -1,21 +1,25 @@
-"""Compiling a recorded graph with Inductor, once per graph and machine.
+"""Compiling a recorded products graph, once per graph and machine.
 
 A prepared operator compiles the flat ATen graph of its products (:mod:`asd.backends.traced`,
-specialized by :mod:`asd.backends.specialize`) with Inductor directly - no Dynamo frame and no
-guards in front of every call: the operator's own value fingerprint already guards the graph, and
-its shapes are static. The compiled artifact is written to an on-disk cache so that another
-process preparing the same operator loads it instead of compiling again.
+recorded by :mod:`asd.backends.record`, specialized by :mod:`asd.backends.specialize`) with
+Inductor directly - no Dynamo frame and no guards in front of every call: the operator's own value
+fingerprint already guards the graph, and its shapes are static. The graph is compiled ahead of
+time into an AOTInductor package (kernels and their C++ caller in one library) and written to an
+on-disk cache, so that another process preparing the same operator loads it in milliseconds,
+without importing Inductor's compiler (where AOTInductor refuses a graph, Inductor's own artifact
+of ``torch._inductor.standalone_compile`` is stored instead: it loads in about a second).
 
 The cache key is a hash of everything the compiled code depends on: the graph's code (operations,
 shapes and the Python scalars baked into it), the shape, strides, dtype and device of every input
-(tensors are inputs of the graph, never baked in: no value can be served stale), the versions of
-torch and Python, the machine, the vector ISA Inductor compiles for and Inductor's configuration.
-An artifact that cannot be loaded, or whose result on the example inputs differs from the graph's
-own, is compiled again (and replaced).
+(tensors are inputs of the graph, never baked in: no value can be served stale), the number of
+threads the kernels are generated for, the versions of torch and Python, the processor's vector
+instructions and Inductor's configuration. An artifact that cannot be loaded, or whose result on
+the example inputs differs from the graph's own, is compiled again (and replaced).
 
 The cache lives in ``$ASD_CACHE_DIR/compiled`` (default ``~/.cache/asd/compiled``, or under
-``$XDG_CACHE_HOME``); ``ASD_CACHE_DIR=""`` turns it off. Inductor's own caches (the compiled C++
-libraries) stay where ``TORCHINDUCTOR_CACHE_DIR`` puts them.
+``$XDG_CACHE_HOME``); ``ASD_CACHE_DIR=""`` turns it off. It keeps at most ``$ASD_CACHE_MAX_MB``
+megabytes (default 2048; an artifact is about 1.5 MB), evicting the least recently used.
+Inductor's own caches stay where ``TORCHINDUCTOR_CACHE_DIR`` puts them.
 """
 
 from __future__ import annotations
@@ -90,6 +94,34 @@ def cache_dir() -> str | None:
     elif not root.strip():
         return None
     return os.path.join(root, "compiled")
+
+
+def _max_bytes() -> int:
+    try:
+        return int(float(os.environ.get("ASD_CACHE_MAX_MB", "2048")) * (1 << 20))
+    except ValueError:
+        return 2048 << 20
+
+
+def _evict(folder: str, keep: str | None = None) -> None:
+    """Remove the least recently used artifacts while the folder holds more than
+    ``$ASD_CACHE_MAX_MB`` (default 2048) megabytes (a loaded artifact counts as used)."""
+    try:
+        entries = [(e.stat().st_mtime, e.stat().st_size, e.path) for e in os.scandir(folder)
+                   if e.is_file() and e.name.endswith((".pt2", ".bin"))]
+    except OSError:
+        return
+    total, limit = sum(size for _, size, _ in entries), _max_bytes()
+    for _, size, path in sorted(entries):
+        if total <= limit:
+            break
+        if path == keep:
+            continue
+        try:
+            os.remove(path)
+            total -= size
+        except OSError:
+            pass
 
 
 def _meta(t) -> str:
@@ -303,6 +335,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
             continue
         fn, note = _try_load(path, load, example_inputs, expected)
         if fn is not None:
+            try:
+                os.utime(path)  # recently used: the last to be evicted
+            except OSError:
+                pass
             seconds = time.perf_counter() - t0
             STATS.loaded += 1
             STATS.load_seconds += seconds
@@ -346,6 +382,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
                 notes.append(f"not saved ({type(exc).__name__})")
                 warnings.warn(f"asd: the compiled products could not be saved to {folder} ({exc}); the next "
                               "process compiles them again", RuntimeWarning, stacklevel=2)
+    if path is not None:
+        _evict(folder, keep=path)
     seconds = time.perf_counter() - t0
     STATS.compiled += 1
     STATS.compile_seconds += seconds

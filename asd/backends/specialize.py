@@ -483,9 +483,14 @@ class _Rewriter:
             return self.mat[a]
         if a in self.env:
             value = self.env[a]
-            if (a.op == "call_function" and (_packet(a.target) in _ALIASES or a.target is operator.getitem)
-                    and all(b in self.env for b in _tensor_nodes(a))):
-                node = self.new.node_copy(a, self._whole_arg)  # a view of a stored constant, not a copy
+            ins = _tensor_nodes(a) if a.op == "call_function" else []
+            cheap = (_packet(a.target) in _CHEAP and len(ins) == 1 and isinstance(_val(ins[0]), torch.Tensor)
+                     and _val(ins[0]).shape == _val(a).shape and self._classify(a) == "pointwise")
+            if ((_packet(a.target) in _ALIASES or a.target is operator.getitem or cheap) and ins
+                    and all(b in self.env for b in ins)):
+                # a view of a stored constant, not a copy; a cheap elementwise op of one (-seeds)
+                # done per call rather than read as one more stream
+                node = self.new.node_copy(a, self._whole_arg)
             elif _is_plain(value):
                 node = self._stored(value)
             else:

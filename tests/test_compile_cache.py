@@ -345,3 +345,14 @@ def test_the_cache_evicts_the_least_recently_used(private_cache, monkeypatch):
     newest = compile_cache.compile_graph(gm, inputs).path
     assert os.path.isfile(newest) and os.path.isfile(paths[0])
     assert not os.path.isfile(paths[1]) and not os.path.isfile(paths[2])
+
+
+def test_chunks_of_seed_rows_share_one_compiled_graph():
+    x = torch.rand(24, dtype=torch.float64)
+    g = lambda z: (z[1:] * z[:-1]).exp().sum() + z.cumsum(0).sin().sum()  # noqa: E731 - dense Hessian
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = asd.prepare_hessian(g, x, compile=True, batch_size=5)  # 24 colors: chunks of 5 and one of 4
+        z = torch.rand(24, dtype=torch.float64)
+        torch.testing.assert_close(op(z).to_dense(), torch.func.hessian(g)(z))
+    assert len(_tracing(op).graphs) == 2  # one per chunk shape, not one per chunk

@@ -91,7 +91,9 @@ class BatchedProducts:
         self._eager = fn
         self.tracing = trace
         if trace is not None:
-            trace.constant_seeds = True  # the seed rows are this object's own and never written
+            # the seed rows are this object's own and never written: a compiled graph is specialized
+            # on them when they come in one chunk (chunks of one shape share one graph otherwise)
+            trace.constant_seeds = batch_size is None or batch_size >= int(seeds.shape[0])
             if compile:
                 trace.compile = True  # compile the recorded graph; the transforms only if that fails
         # torch.compile of the transforms: the fallback when no graph can be recorded, made at

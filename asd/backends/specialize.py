@@ -122,7 +122,7 @@ def functional(gm: GraphModule, inputs) -> GraphModule:
     try:
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        new = make_fx(torch.func.functionalize(gm, remove="mutations_and_views"))(*inputs)
+        new = make_fx(torch.func.functionalize(gm, remove="mutations"))(*inputs)
         new.graph.eliminate_dead_code()
         new.recompile()
     except Exception:  # noqa: BLE001 - keep the recorded graph (it is then only lifted)

@@ -7,27 +7,34 @@ graph is compiled, :func:`specialize` rewrites it with them known:
 
 * **folding**: every operation that reads only constants (e.g. the rolls of the seed rows in a
   stencil's JVP: the tangent half of the stencil) is evaluated once, eagerly, with the same ATen
-  operations, and its result becomes an input of the compiled graph;
+  operations, and its result becomes an input of the compiled graph (a cheap elementwise
+  operation of one constant, ``4.4 * seeds``, is left in the graph: one input stream less);
 * **gather push-down**: the values the graph returns are ``products.flatten()[index]``. Instead
   of evaluating every product and gathering, the gather is moved through the operations that
   produced the products - elementwise ones (it then gathers their operands) and those that only
   move data (views, ``cat``/``stack``, ``roll``, padding, ...; their index maps are found by
-  running them on integer ranges) - as long as fewer elements are asked of an operation than it
-  computes. Products no entry reads are never computed, constants are gathered once, at
-  preparation, and the compiled kernel streams through the stored entries.
+  running them on integer ranges) - as long as at most :data:`PUSH_RATIO` times the elements an
+  operation computes are asked of it (always through a broadcast, and through a cheap operation
+  of one operand such as ``u * u``). Products no entry reads are never computed, constants are
+  gathered once, at preparation, and the compiled kernel streams through the stored entries;
+  its gathers use the operator's own indices, in range by construction, without bounds checks.
+
+Both rewritings are built; the one that moves fewer bytes per call is kept (the B1 Brusselator's
+JVPs: push-down, 1.8 MB instead of 4.5 MB; the B3 Rosenbrock Hessian, whose entries are as many as
+its products: folding only).
 
 Only tensors the operator owns are constants: tensors ``f`` captures stay inputs read by
 reference (an in-place update of a weight is seen), Python scalars stay in the graph (the
-operator's value fingerprint guards them). A graph with in-place operations is left alone. The
-rewritten graph is checked against the recorded one on the example inputs; any mismatch, or any
-failure, keeps the recorded graph (with its attribute tensors made inputs), so specializing can
-only change speed.
+operator's value fingerprint guards them). A graph with in-place operations is left alone (see
+:func:`functional`). The rewritten graph is checked against the recorded one on the example
+inputs; any mismatch, or any failure, keeps the recorded graph (with its attribute tensors made
+inputs, :func:`lift`), so specializing can only change speed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import operator
+import zlib
 from dataclasses import dataclass, field
 
 import torch
@@ -106,7 +113,11 @@ def _numel(node: Node) -> int:
 
 
 def _key(index: torch.Tensor) -> tuple:
-    return (index.numel(), hashlib.blake2b(index.numpy().tobytes(), digest_size=16).hexdigest())
+    """Identifies an index (or a constant's bytes) among those of one graph: two 32-bit checksums
+    (a collision would merge two requests; the rewritten graph's check against the recorded one
+    would then refuse it)."""
+    data = memoryview(index.contiguous().numpy()).cast("B")
+    return (index.numel(), zlib.crc32(data), zlib.adler32(data))
 
 
 def _mutable(node: Node) -> bool:

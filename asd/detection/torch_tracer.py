@@ -225,10 +225,23 @@ def _expanded_contiguous(t: torch.Tensor) -> bool:
     return True
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its storage span without gaps or overlaps (dims of size 1
+    aside): any permutation of a contiguous layout."""
+    expected = 1
+    for st, n in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
 def _row_major(t: torch.Tensor, shape: tuple) -> bool:
-    """Whether ``t``'s strides decrease strictly along the dims where it and the broadcast
-    ``shape`` have more than one element (a slice such as ``u[1:, :-1]``): TensorIterator then keeps
-    the dims in order and a pointwise result is contiguous."""
+    """Whether ``t`` is a slice with gaps (not dense) whose strides decrease strictly along the
+    dims where it and the broadcast ``shape`` have more than one element (``u[1:, :-1]``):
+    TensorIterator then keeps the dims in order and a pointwise result is contiguous."""
+    if _dense(t):  # a dense operand's layout (a permutation) is what a pointwise result copies
+        return False
     last = None
     for n, st, full in zip(t.shape, t.stride(), shape[len(shape) - t.dim():]):
         if n == 1 or full == 1 or st == 0:
@@ -422,10 +435,14 @@ def _dtype_corner(func, b: dict, tensors: list) -> bool:
         isinstance(v, (int, float, complex)) for k, v in b.items() if not isinstance(v, torch.Tensor)))
 
 
+#: ops that return their (real) operand itself, strides and all
+_RETURNS_INPUT = {aten.conj_physical.default}
+
+
 def _fast_meta(func, pflat, spec, pargs, pkwargs):
     """The meta output of ``func`` computed without its meta kernel, or ``None`` (see above)."""
     shape_fn = _fast_shape_fn(func)
-    if shape_fn is False:
+    if shape_fn is False or func in _RETURNS_INPUT:
         return None
     tensors = [a for a in pflat if isinstance(a, torch.Tensor)]
     if not tensors:

@@ -356,3 +356,26 @@ def test_chunks_of_seed_rows_share_one_compiled_graph():
         z = torch.rand(24, dtype=torch.float64)
         torch.testing.assert_close(op(z).to_dense(), torch.func.hessian(g)(z))
     assert len(_tracing(op).graphs) == 2  # one per chunk shape, not one per chunk
+
+
+def test_the_key_follows_settings_changed_between_compilations(monkeypatch):
+    """Inductor's configuration and the float32 matmul precision may change during a program: the
+    key is read again each time, so an artifact built under other settings is not served."""
+    import torch._inductor.config as inductor_config
+
+    from asd.backends.compile_cache import graph_key
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    a = torch.rand(3, dtype=torch.float64)
+    gm = make_fx(lambda v: v.sin() * 2)(a)
+    k0 = graph_key(gm, [a])
+    assert graph_key(gm, [a]) == k0
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium" if old != "medium" else "high")
+        assert graph_key(gm, [a]) != k0
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert graph_key(gm, [a]) == k0
+    monkeypatch.setattr(inductor_config, "max_autotune", not inductor_config.max_autotune)
+    assert graph_key(gm, [a]) != k0

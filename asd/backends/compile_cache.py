@@ -154,17 +154,24 @@ def _cpu() -> str:
 
 
 def _environment() -> str:
-    """What a compiled artifact depends on besides its graph (computed once per process, without
-    Inductor's compiler: loading a cached artifact must stay cheap)."""
+    """What a compiled artifact depends on besides its graph, without Inductor's compiler (loading a
+    cached artifact must stay cheap): the machine and versions (computed once per process), and the
+    settings a program may change between two compilations (Inductor's configuration, float32
+    matmul precision and TF32, deterministic algorithms), read at every call."""
     global _ENVIRONMENT
     if _ENVIRONMENT is None:
-        import torch._inductor.config as inductor_config
-
-        config = hashlib.sha256(repr(sorted(inductor_config.save_config_portable().items())).encode()).hexdigest()
         _ENVIRONMENT = "|".join([f"asd-format={FORMAT}", torch.__version__, str(torch.version.git_version),
-                                 sys.version, platform.machine(), platform.system(), _cpu(), config,
+                                 sys.version, platform.machine(), platform.system(), _cpu(),
                                  os.environ.get("ATEN_CPU_CAPABILITY", "")])
-    return _ENVIRONMENT
+    import torch._inductor.config as inductor_config
+
+    # aot_inductor.metadata is written by every AOTInductor compilation itself (the machine, already
+    # in the key)
+    items = sorted((k, v) for k, v in inductor_config.save_config_portable().items() if k != "aot_inductor.metadata")
+    config = hashlib.sha256(repr(items).encode()).hexdigest()
+    settings = [torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+                torch.backends.cudnn.allow_tf32, torch.are_deterministic_algorithms_enabled()]
+    return "|".join([_ENVIRONMENT, config, repr(settings)])
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
@@ -365,8 +372,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
                 try:
                     os.makedirs(folder, exist_ok=True)
                     path = os.path.join(folder, f"{key}.pt2")
-                    shutil.copyfile(package, path + ".tmp")
-                    os.replace(path + ".tmp", path)
+                    part = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # one per writer
+                    shutil.copyfile(package, part)
+                    os.replace(part, path)  # readers see the old file or the whole new one
                 except OSError as exc:
                     notes.append(f"not saved ({exc})")
                     path = None
@@ -382,7 +390,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
             try:
                 os.makedirs(folder, exist_ok=True)
                 path = os.path.join(folder, f"{key}.bin")
-                artifact.save(path=path, format="binary")
+                part = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+                artifact.save(path=part, format="binary")
+                os.replace(part, path)
             except Exception as exc:  # noqa: BLE001 - not saved: the next process compiles again
                 path = None
                 notes.append(f"not saved ({type(exc).__name__})")

@@ -131,9 +131,9 @@ def reuse_buffers(gm: GraphModule) -> GraphModule:
             continue
         args = list(node.args)
         if not _reusable(args[0], out_meta):
-            if (target in _COMMUTATIVE and len(args) == 2 and isinstance(args[0], Node)
-                    and _contiguous_meta(args[0]) is not None and _reusable(args[1], out_meta)
-                    and tuple(_contiguous_meta(args[0]).shape) == tuple(out_meta.shape)):
+            first = _contiguous_meta(args[0])
+            if (target in _COMMUTATIVE and len(args) == 2 and first is not None
+                    and tuple(first.shape) == tuple(out_meta.shape) and _reusable(args[1], out_meta)):
                 args = [args[1], args[0]]
             else:
                 continue

@@ -54,12 +54,19 @@ def _captured():
     return lambda x: torch.tanh(x * W)[1:] - x[:-1] ** 3
 
 
-JACOBIANS = [("stencil", _stencil, "forward"), ("stencil-rev", _stencil, "reverse"), ("padded", _padded, "forward"),
-             ("padded-rev", _padded, "reverse"), ("softmax-cumsum", _softmax_cumsum, "forward"),
-             ("captured", _captured(), "forward"), ("brusselator", brusselator(6), "forward")]
+# Every case runs Inductor (seconds each): the default suite keeps one per mode and the
+# Brusselator, the rest run under -m slow.
+_SLOW = pytest.mark.slow
+JACOBIANS = [pytest.param("stencil", _stencil, "forward", id="stencil"),
+             pytest.param("stencil-rev", _stencil, "reverse", id="stencil-rev"),
+             pytest.param("padded", _padded, "forward", id="padded", marks=_SLOW),
+             pytest.param("padded-rev", _padded, "reverse", id="padded-rev", marks=_SLOW),
+             pytest.param("softmax-cumsum", _softmax_cumsum, "forward", id="softmax-cumsum", marks=_SLOW),
+             pytest.param("captured", _captured(), "forward", id="captured", marks=_SLOW),
+             pytest.param("brusselator", brusselator(6), "forward", id="brusselator")]
 
 
-@pytest.mark.parametrize("name,f,mode", JACOBIANS, ids=[j[0] for j in JACOBIANS])
+@pytest.mark.parametrize("name,f,mode", JACOBIANS)
 def test_compiled_jacobians_equal_dense_ad(name, f, mode):
     x = torch.randn(72 if name == "brusselator" else 36, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with warnings.catch_warnings():
@@ -208,7 +215,7 @@ def test_artifacts_are_saved_loaded_and_checked(private_cache):
     assert compile_cache.compile_graph(gm, inputs).source == "memory"
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
+@pytest.mark.parametrize("damage", ["garbage", pytest.param("truncated", marks=_SLOW), pytest.param("empty", marks=_SLOW)])
 def test_a_corrupt_artifact_is_compiled_again(private_cache, damage):
     gm, inputs = _graph(scale=1.25)
     path = compile_cache.compile_graph(gm, inputs).path

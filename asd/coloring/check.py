@@ -19,8 +19,11 @@ def _pair_counts(a, b):
     """For paired arrays, how many times each (a[k], b[k]) pair occurs (per element)."""
     if a.size == 0:
         return np.zeros(0, dtype=np.int64)
-    key = np.stack([a, b], axis=1)
-    _, inv, cnt = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    lo = int(b.min())
+    key = a * (int(b.max()) - lo + 1) + (b - lo)
+    _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
     return cnt[inv.reshape(-1)]
 
 
@@ -65,9 +68,10 @@ def _forest(i, j, ci, cj):
     hi = np.maximum(ci, cj)
     k = int(max(ci.max(), cj.max())) + 1
     pair = lo * k + hi
-    nodes_a = np.stack([i, pair], axis=1)
-    nodes_b = np.stack([j, pair], axis=1)
-    allnodes, inv = np.unique(np.concatenate([nodes_a, nodes_b]), axis=0, return_inverse=True)
+    _, pair = np.unique(pair, return_inverse=True)
+    stride = int(pair.max()) + 1
+    nodes = np.concatenate([i.astype(np.int64) * stride + pair, j.astype(np.int64) * stride + pair])
+    allnodes, inv = np.unique(nodes, return_inverse=True)
     inv = inv.reshape(-1)
     V = allnodes.shape[0]
     E = i.size

@@ -134,12 +134,14 @@ class Coloring:
     def compress(self, values) -> np.ndarray:
         """The flat compressed product of the matrix with this pattern and ``values`` (CSR order):
         a numpy reference for tests."""
+        import scipy.sparse as sp
+
         A = self.to_scipy(values)
         parts = []
         for block in self.seed_blocks():
-            S = block.matrix
+            S = sp.csr_array(block.matrix)  # one nonzero per column: sparse x sparse stays O(nnz)
             B = (A @ S.T).T if isinstance(block, ColumnSeeds) else (A.T @ S.T).T
-            parts.append(np.asarray(B).reshape(-1))
+            parts.append(B.toarray().reshape(-1))
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def decompress(self, compressed) -> np.ndarray:

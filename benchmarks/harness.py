@@ -193,6 +193,21 @@ class Session:
                     comparisons=self.comparisons)
 
 
+def settle(call: Callable[[], object]) -> dict:
+    """Run a prepared operator's first calls, timed on their own: the evaluation strategy changes
+    while it warms up (plain autograd first, the batched products recorded as a graph at call
+    ``CALLS_BEFORE_TRACING``), so the steady state measured afterwards is what a solver loop sees.
+    Returns the mean of those calls and the slowest one."""
+    from asd.backends.traced import CALLS_BEFORE_TRACING
+
+    times = []
+    for _ in range(CALLS_BEFORE_TRACING + 2):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return dict(calls=len(times), mean=sum(times) / len(times), max=max(times))
+
+
 def timings_json(timings: Mapping[str, Timing | None]) -> dict:
     """``{key: Timing.to_json()}`` of the timings present."""
     return {k: t.to_json() for k, t in timings.items() if t is not None}

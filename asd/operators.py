@@ -394,21 +394,66 @@ class _SparseOperator:
         call_args, _ = self._call_with(args, kwargs)
         return self._evaluate(lambda backend, state, dec, xf: backend.compute(state, xf), x, call_args)
 
-    def values(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    def values(self, x: torch.Tensor, *args, out: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure.
 
         ``args``/``kwargs`` are ``f``'s extra, non-differentiated arguments (default: those given at
         preparation). With ``check=True`` (or ``"first"`` on the first call), or extra arguments that
         differ in more than float values from the prepared ones, the values are verified by
         :meth:`check` before they are returned; a failed check raises :class:`asd.CheckError`.
+
+        ``out``: a preallocated buffer (1-D, ``nnz`` elements, the operator's dtype and device) that
+        receives the values and is returned, for solver loops that keep one array of Jacobian or
+        Hessian values. It is written only once the values are complete (and checked): a call that
+        raises leaves it as it was. It records no gradient: with an input or parameters that
+        require grad, call without ``out`` or under ``torch.no_grad()``.
         """
         self._check(x)
+        if out is not None:
+            self._check_out_values(out)
         call_args, changed = self._call_with(args, kwargs)
         vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
         vals = vals.to(self.dtype)
         if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals, call_args)
-        return vals
+        if out is None:
+            return vals
+        if vals.requires_grad and torch.is_grad_enabled():
+            raise InputError(f"out= cannot hold values that record gradients (x or a parameter of f requires grad): "
+                             f"call {self._what} without out=, or under torch.no_grad()")
+        return out.copy_(vals)
+
+    def _check_out_values(self, out) -> None:
+        nnz = int(self.pattern.nnz)
+        if not isinstance(out, torch.Tensor) or out.layout != torch.strided:
+            raise InputError(f"out must be a dense 1-D torch.Tensor of {nnz} values, got "
+                             f"{type(out).__name__ if not isinstance(out, torch.Tensor) else out.layout}")
+        if tuple(out.shape) != (nnz,) or out.dtype != self.dtype or out.device != self.device:
+            raise InputError(f"out must have shape ({nnz},), dtype {self.dtype} and device {self.device} (the "
+                             f"operator's values), got shape {tuple(out.shape)}, {out.dtype}, {out.device}; allocate "
+                             f"it with torch.empty({nnz}, dtype={self.dtype}, device='{self.device}')")
+        if out.requires_grad and torch.is_grad_enabled():
+            raise InputError("out requires grad: pass a buffer that does not (out.detach()) or call under "
+                             "torch.no_grad()")
+
+    def _check_out_csr(self, out) -> torch.Tensor:
+        """The values buffer of ``out``, a CSR tensor with this operator's structure."""
+        if not isinstance(out, torch.Tensor) or out.layout != torch.sparse_csr:
+            raise InputError(f"out must be a torch.sparse_csr tensor with {self._what}'s structure (one it returned "
+                             f"before), got {type(out).__name__ if not isinstance(out, torch.Tensor) else out.layout}; "
+                             "for the values alone use op.values(x, out=buffer)")
+        dec = self.decompressor
+        if (tuple(out.shape) != dec.shape or out.dtype != self.dtype or out.device != self.device
+                or out.crow_indices().dtype != dec.crow.dtype or out.col_indices().dtype != dec.col.dtype):
+            raise InputError(f"out must be a CSR tensor of shape {dec.shape}, dtype {self.dtype} on {self.device} with "
+                             f"{dec.col.dtype} indices, got {tuple(out.shape)}, {out.dtype}, {out.device}; pass a "
+                             f"result of this operator")
+        crow, col = out.crow_indices(), out.col_indices()
+        same = crow.data_ptr() == dec.crow.data_ptr() and col.data_ptr() == dec.col.data_ptr()
+        if not same and not (col.shape == dec.col.shape and torch.equal(crow, dec.crow) and torch.equal(col, dec.col)):
+            raise InputError(f"out has another sparsity structure than {self._what}'s pattern; pass a result of "
+                             "this operator (its crow and column indices must be the pattern's)")
+        return out.values()
 
     def check(self, x: torch.Tensor, values: torch.Tensor | None = None, *, args: tuple = (),
               kwargs: dict | None = None) -> CheckReport:
@@ -459,9 +504,14 @@ class _SparseOperator:
                              "operator again (for local=True at this point), pass local=False, or try another "
                              "mode= / hvp=.")
 
-    def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, *args, out: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         """The derivative at ``x`` as a ``torch.sparse_csr`` tensor (``args``/``kwargs``: ``f``'s extra
-        arguments, see :meth:`values`)."""
+        arguments, see :meth:`values`). ``out``: a CSR tensor this operator returned before, whose
+        values are overwritten and which is returned (see :meth:`values`)."""
+        if out is not None:
+            self._check(x)
+            self.values(x, *args, out=self._check_out_csr(out), **kwargs)
+            return out
         return self.decompressor.csr(self.values(x, *args, **kwargs))
 
     def __reduce__(self):

@@ -142,14 +142,19 @@ def gradient_and_hessian(f: Callable, x: torch.Tensor, **options) -> tuple[torch
 
 def clear_cache() -> None:
     """Forget every cached prepared operator and every cached structure (prepared decompression
-    plans, transposes of sparse constants, ``asd.linalg``'s sparse structures)."""
+    plans, transposes of sparse constants, ``asd.linalg``'s sparse structures, the colorings kept by
+    pattern content and the tracer's memo of data-movement ops)."""
     from . import linalg
     from .backends.sparse_constants import clear_transposes
+    from .coloring import clear_memo as clear_colorings
     from .decompression.device import clear_prepared
+    from .detection.rules.movement import clear_memo as clear_movement
 
     CACHE.clear()
     clear_prepared()
     clear_transposes()
+    clear_colorings()
+    clear_movement()
     linalg.clear_cache()
 
 

@@ -122,14 +122,18 @@ class SparsityPattern:
     def transpose_with_positions(self) -> tuple["SparsityPattern", np.ndarray]:
         """``(P^T, perm)``: the transposed pattern and, for each of its entries, the position of
         the same entry in this pattern's CSR order. Built once."""
-        import scipy.sparse as sp
-
         m, n = self.shape
         # CSR -> CSC carrying each entry's position: linear time, rows sorted within columns
-        C = sp.csr_array((np.arange(self.nnz, dtype=_I), self.indices, self.indptr), shape=self.shape).tocsc()
-        T = SparsityPattern((n, m), C.indptr, C.indices, self.output_shape, self.input_shape)
-        order = C.data
-        return T, _frozen(order)
+        indptr, indices, order = _csr_to_csc(m, n, self.indptr, self.indices)
+        for a in (indptr, indices, order):  # fresh arrays of this function's own: frozen, not copied
+            a.setflags(write=False)
+        T = SparsityPattern((n, m), indptr, indices, self.output_shape, self.input_shape)
+        return T, order
+
+    @property
+    def has_transpose(self) -> bool:
+        """Whether :attr:`T` is built already (reading it then costs nothing)."""
+        return "transpose_with_positions" in self.__dict__
 
     @property
     def T(self) -> "SparsityPattern":
@@ -206,6 +210,49 @@ class SparsityPattern:
 
     def __repr__(self) -> str:
         return f"SparsityPattern(shape={self.shape}, nnz={self.nnz})"
+
+
+def _csr_to_csc_scipy(m: int, n: int, indptr, indices):
+    import scipy.sparse as sp
+
+    C = sp.csr_array((np.arange(indices.shape[0], dtype=_I), indices, indptr), shape=(m, n)).tocsc()
+    return C.indptr.astype(_I, copy=False), C.indices.astype(_I, copy=False), C.data.astype(_I, copy=False)
+
+
+def _csr_to_csc_kernel():
+    """scipy's C++ CSR -> CSC conversion called directly (without the matrix objects and their
+    validation), checked once against ``tocsc``; ``None`` where this scipy lacks it or answers
+    otherwise."""
+    try:
+        from scipy.sparse import _sparsetools
+
+        fn = _sparsetools.csr_tocsc
+        ip, ix = np.array([0, 2, 2, 4], dtype=_I), np.array([1, 3, 0, 1], dtype=_I)
+        want = _csr_to_csc_scipy(3, 4, ip, ix)
+        bp, bi, bx = np.empty(5, _I), np.empty(4, _I), np.empty(4, _I)
+        fn(3, 4, ip, ix, np.arange(4, dtype=_I), bp, bi, bx)
+        if not all(np.array_equal(a, b) for a, b in zip((bp, bi, bx), want)):
+            return None
+        return fn
+    except Exception:  # noqa: BLE001  (another scipy: the matrix route)
+        return None
+
+
+_TOCSC: list = []
+
+
+def _csr_to_csc(m: int, n: int, indptr: np.ndarray, indices: np.ndarray):
+    """``(indptr, indices, position)`` of the transpose of a canonical CSR structure: columns in
+    CSR form, rows sorted within each, and each entry's position in the original CSR order."""
+    if not _TOCSC:
+        _TOCSC.append(_csr_to_csc_kernel())
+    fn = _TOCSC[0]
+    if fn is None:
+        return _csr_to_csc_scipy(m, n, indptr, indices)
+    nnz = indices.shape[0]
+    bp, bi, bx = np.empty(n + 1, _I), np.empty(nnz, _I), np.empty(nnz, _I)
+    fn(m, n, indptr, indices, np.arange(nnz, dtype=_I), bp, bi, bx)
+    return bp, bi, bx
 
 
 def _canonicalize(indptr, indices, shape):

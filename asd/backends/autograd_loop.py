@@ -17,7 +17,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from ..coloring.result import AcyclicColoring, ColumnSeeds, StarColoring
-from .base import Backend, check_output_size
+from .base import Backend, check_output_size, seed_block_types
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,7 +41,7 @@ class AutogradLoop(Backend):
     def ad_modes(self, coloring) -> frozenset:
         """Dual numbers for column seeds; plain reverse mode (and double backward) otherwise."""
         hessian = isinstance(coloring, (StarColoring, AcyclicColoring))
-        forward = any(isinstance(b, ColumnSeeds) for b in coloring.seed_blocks())
+        forward = any(issubclass(t, ColumnSeeds) for t in seed_block_types(coloring))
         return frozenset({"forward"}) if forward and not hessian else frozenset()
 
     def init(self, g, x, coloring, *, batch_size=None, compile=False, trace=None) -> LoopState:

@@ -21,8 +21,22 @@ from typing import Callable
 
 import torch
 
+from ..coloring.result import (AcyclicColoring, BiColoring, ColumnColoring, ColumnSeeds, RowColoring, RowSeeds,
+                               StarColoring)
 from ..errors import InputError, TransformUnsupported
 from .sparse_constants import SparseConstantMode
+
+#: the types of ``seed_blocks()`` of asd's own coloring classes, in order (tests check them against
+#: ``seed_blocks()``)
+_SEED_BLOCK_TYPES = {ColumnColoring: (ColumnSeeds,), RowColoring: (RowSeeds,), StarColoring: (ColumnSeeds,),
+                     AcyclicColoring: (ColumnSeeds,), BiColoring: (ColumnSeeds, RowSeeds)}
+
+
+def seed_block_types(coloring) -> tuple:
+    """The types of ``coloring.seed_blocks()``, in order, without building the seed matrices (for a
+    class other than asd's own the blocks are built)."""
+    types = _SEED_BLOCK_TYPES.get(type(coloring))
+    return types if types is not None else tuple(type(b) for b in coloring.seed_blocks())
 
 
 def flatten_function(f: Callable, shape: torch.Size) -> Callable:
@@ -224,8 +238,9 @@ class SingleDirection(Backend):
         :class:`~asd.errors.InputError` when ``g``'s output no longer has the coloring's size."""
 
     def seed_rows(self, coloring, x: torch.Tensor) -> torch.Tensor:
-        blocks = [b for b in coloring.seed_blocks(x.dtype, x.device) if isinstance(b, self.seed_type)]
-        if len(blocks) != 1 or len(coloring.seed_blocks()) != 1:
+        every = coloring.seed_blocks(x.dtype, x.device)
+        blocks = [b for b in every if isinstance(b, self.seed_type)]
+        if len(blocks) != 1 or len(every) != 1:
             raise InputError(f"{type(self).__name__} evaluates {self.seed_type.__name__} of a one-sided "
                              f"coloring, not a {type(coloring).__name__}")
         return blocks[0].matrix

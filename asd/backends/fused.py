@@ -13,7 +13,7 @@ import torch
 
 from ..decompression.device import PreparedGather, prepared
 from ..errors import InputError
-from .base import Backend, BatchedProducts, SingleDirection
+from .base import Backend, BatchedProducts, SingleDirection, seed_block_types
 
 
 @dataclass(eq=False)
@@ -40,8 +40,7 @@ class FusedGather(Backend):
     @staticmethod
     def applies(coloring, batch_size) -> bool:
         """Whether the fused gather can evaluate this coloring with this batch size."""
-        blocks = coloring.seed_blocks()
-        return (len(blocks) == 1 and coloring.plan.nlevels == 0 and hasattr(coloring.plan, "gather")
+        return (len(seed_block_types(coloring)) == 1 and coloring.plan.nlevels == 0 and hasattr(coloring.plan, "gather")
                 and (batch_size is None or batch_size >= coloring.ncolors))
 
     def init(self, g, x, coloring, *, batch_size=None, compile=False, trace=None) -> FusedState:

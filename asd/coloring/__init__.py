@@ -7,6 +7,10 @@ modules that the wrappers import on first use (compiled once, cached on disk).
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+from collections import OrderedDict
+
 import numpy as np
 
 from asd.coloring.check import check
@@ -56,11 +60,18 @@ def _color_one(pattern, problem, order, seed, postprocess, perm=None) -> Colorin
 
 def lower_bound(pattern: SparsityPattern, problem: str) -> int:
     """A lower bound of the colors of a column (row) coloring: the densest row (column)."""
-    if problem == "column":
-        deg = np.diff(pattern.indptr)
-    else:
-        deg = np.bincount(pattern.indices, minlength=pattern.shape[1])
+    deg = _degrees(pattern, "row" if problem == "column" else "column")
     return int(deg.max()) if deg.size else 0
+
+
+def _degrees(pattern: SparsityPattern, of: str) -> np.ndarray:
+    """Entries per row (``of="row"``) or per column of ``pattern``; the column counts are read off
+    the transpose where it is built already (the greedy kernels build it), else counted."""
+    if of == "row":
+        return np.diff(pattern.indptr)
+    if pattern.has_transpose:
+        return np.diff(pattern.T.indptr)
+    return np.bincount(pattern.indices, minlength=pattern.shape[1])
 
 
 def hopeless(pattern: SparsityPattern, problem: str) -> bool:
@@ -78,7 +89,7 @@ def hopeless(pattern: SparsityPattern, problem: str) -> bool:
             return False
     elif pattern.nnz < DENSE_FRACTION * nv * nv:
         return False
-    deg = np.bincount(pattern.indices, minlength=pattern.shape[1]) if problem == "row" else np.diff(pattern.indptr)
+    deg = _degrees(pattern, "column" if problem == "row" else "row")
     return float(np.dot(deg.astype(np.float64), deg)) > DENSE_COST
 
 
@@ -155,11 +166,21 @@ def color(pattern, problem: str = "column", order: str = "natural", *, seed: int
         P = as_pattern(pattern)
     except (TypeError, ValueError) as exc:
         raise ColoringError(str(exc)) from exc
+    recall_derived(P)
     if problem in ("star", "acyclic"):
         P = symmetric_pattern(P)
+    seed = int(seed)
+    key = (problem, order, seed, postprocess)
+    result = _memo_get(P, key)
+    if result is None:
+        result = _color(P, problem, order, seed, postprocess)
+        _memo_put(P, key, result)
+    return result
+
+
+def _color(P: SparsityPattern, problem: str, order: str, seed: int, postprocess: bool) -> Coloring:
     if problem != "bidirectional" and hopeless(P, problem):
         return one_color_each(P, problem)
-    seed = int(seed)
     if order != "best":
         return _lattice(P, problem, _color_one(P, problem, order, seed, postprocess))
     best = None
@@ -193,8 +214,6 @@ def _iterated_greedy(best, pattern, problem, seed, postprocess, rounds):
     reversed, largest first, or shuffled); for column/row this never needs more colors.  The
     number of rounds shrinks with the pattern size (none beyond ~3e6 stored entries).  An
     improved result's ``order`` is the winning order's name + ``"+iterated"``."""
-    import dataclasses
-
     rng = np.random.default_rng(seed)
     start = best.ncolors
     cur = best
@@ -219,3 +238,85 @@ def _iterated_greedy(best, pattern, problem, seed, postprocess, rounds):
     if best.ncolors < start:
         best = dataclasses.replace(best, order=best.order + "+iterated")
     return best
+
+
+# -- colorings of recent patterns, by content -------------------------------------------------------
+# A coloring is a function of the pattern's content (shape, input and output shapes, entries) and of
+# the options: a pattern equal to one colored recently - compared in full, never by identity or by a
+# hash alone - gets that result again, rebased onto the pattern asked about (with its decompression
+# plan), and the derived structures of the pattern (transpose, symmetry) are shared. Detecting the
+# same function again (``sparse_jacobian(f, x, cache=False)`` in a loop, a new operator for the same
+# problem) then colors nothing. Bounded by :data:`MEMO_ENTRIES` results and :data:`MEMO_NNZ` stored
+# pattern entries; ``asd.clear_cache()`` (or :func:`clear_memo`) empties it.
+
+MEMO_ENTRIES = 32
+MEMO_NNZ = 1 << 22
+_MEMO: "OrderedDict[tuple, tuple[SparsityPattern, Coloring]]" = OrderedDict()
+_MEMO_LOCK = threading.Lock()
+#: the derived structures a pattern computes once (cached properties), shared between equal patterns
+_DERIVED = ("transpose_with_positions", "rows", "is_symmetric", "fingerprint")
+
+
+def _shape_key(P: SparsityPattern) -> tuple:
+    return (P.shape, P.nnz, P.input_shape, P.output_shape)
+
+
+def _memo_get(P: SparsityPattern, key: tuple) -> Coloring | None:
+    """The kept coloring (options ``key``) of a pattern equal to ``P``, rebased onto ``P``, or ``None``."""
+    shape = _shape_key(P)
+    with _MEMO_LOCK:
+        candidates = [(k, v) for k, v in _MEMO.items() if k[0] == key and k[2] == shape]
+    for k, (Q, result) in candidates:
+        if P is Q or P.equals(Q):
+            with _MEMO_LOCK:
+                if k in _MEMO:
+                    _MEMO.move_to_end(k)
+            return _rebased(result, Q, P)
+    return None
+
+
+def _memo_put(P: SparsityPattern, key: tuple, result: Coloring) -> None:
+    """Keep ``result`` (options ``key``) for ``P``: entries are told apart by the options, ``P``'s
+    identity (while it is kept) and its shapes; the oldest go first beyond the bounds."""
+    if P.nnz > MEMO_NNZ:
+        return
+    with _MEMO_LOCK:
+        _MEMO[(key, id(P), _shape_key(P))] = (P, result)
+        total = sum(Q.nnz for Q, _ in _MEMO.values())
+        while len(_MEMO) > MEMO_ENTRIES or total > MEMO_NNZ:
+            _, (Q, _) = _MEMO.popitem(last=False)
+            total -= Q.nnz
+
+
+def _rebased(result: Coloring, Q: SparsityPattern, P: SparsityPattern) -> Coloring:
+    """``result`` (a coloring of ``Q``) as a coloring of the equal pattern ``P``: the same colors
+    and decompression plan (both functions of the content); a result of a pattern derived from
+    ``Q`` (its symmetrization) is returned as it is."""
+    if result.pattern is P or result.pattern is not Q:
+        return result
+    out = dataclasses.replace(result, pattern=P)
+    if "plan" in result.__dict__:
+        out.__dict__["plan"] = result.plan
+    return out
+
+
+def recall_derived(P: SparsityPattern) -> None:
+    """Give ``P`` the derived structures (transpose, symmetry) of an equal pattern colored recently,
+    where it has not built them itself."""
+    if all(name in P.__dict__ for name in _DERIVED[:3]):
+        return
+    shape = _shape_key(P)
+    with _MEMO_LOCK:
+        candidates = [Q for k, (Q, _) in _MEMO.items() if k[2] == shape and Q is not P]
+    for Q in candidates:
+        if P.equals(Q):
+            for name in _DERIVED:
+                if name in Q.__dict__ and name not in P.__dict__:
+                    P.__dict__[name] = Q.__dict__[name]
+            return
+
+
+def clear_memo() -> None:
+    """Forget the colorings kept by pattern content."""
+    with _MEMO_LOCK:
+        _MEMO.clear()

@@ -13,11 +13,12 @@ def choose_jacobian(pattern: SparsityPattern, problem: str | None, order: str, *
     (``prefer`` wins ties: ``"row"`` eagerly, where one VJP batch shares one forward pass,
     ``"column"`` for compiled or jitted JVPs). When neither can compress (see
     :func:`asd.coloring.hopeless`) dense AD runs on the smaller side without coloring."""
-    from asd.coloring import color, hopeless
+    from asd.coloring import color, hopeless, recall_derived
 
     if problem is not None:
         return color(pattern, problem, order=order)
     m, n = pattern.shape
+    recall_derived(pattern)  # an equal pattern colored recently knows its transpose and symmetry
     if hopeless(pattern, "column") and hopeless(pattern, "row"):
         return color(pattern, "column" if n <= m else "row", order=order)
     if pattern.input_shape == pattern.output_shape and pattern.is_symmetric:

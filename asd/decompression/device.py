@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
-from functools import singledispatch
+from functools import cached_property, singledispatch
 
 import numpy as np
 import torch
@@ -153,11 +153,17 @@ class Decompressor:
         self.size = int(self.plan.compressed_size)
         self.crow = _t(coloring.indptr, self.device)
         self.col = _t(coloring.indices, self.device)
-        self.rows = _t(coloring.pattern.rows, self.device)
+        self._pattern = coloring.pattern
         # a direct plan's gather index now; a substitution plan's level-wise tensors only if the
         # level-wise path runs (off the CPU): on the CPU the Numba kernel reads the plan itself, and
         # a long elimination tree has tens of thousands of levels
         self.index = prepared(self.plan, self.device).index if isinstance(self.plan, DirectPlan) else None
+
+    @cached_property
+    def rows(self) -> torch.Tensor:
+        """The row of every stored entry (CSR order), on the device: built on first use (the probe
+        reads it, evaluation does not)."""
+        return _t(self._pattern.rows, self.device)
 
     def values(self, compressed: torch.Tensor) -> torch.Tensor:
         """Values of the stored entries, in CSR order, from the flat compressed buffer."""

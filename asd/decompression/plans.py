@@ -40,6 +40,12 @@ def _ro(a) -> np.ndarray:
     return a
 
 
+def _sealed(a: np.ndarray) -> np.ndarray:
+    """A fresh int64 array of this module's own, made read-only (the plan then keeps it uncopied)."""
+    a.setflags(write=False)
+    return a
+
+
 class _Plan:
     compressed_shape: tuple
     nnz: int
@@ -128,8 +134,10 @@ def _(coloring: ColumnColoring) -> DirectPlan:
 @build_plan.register
 def _(coloring: RowColoring) -> DirectPlan:
     _, n = coloring.shape
-    gather = coloring.colors[coloring.rows()] * n + coloring.indices
-    return DirectPlan((coloring.ncolors, n), coloring.nnz, gather)
+    # colors[rows] * n + indices, with each row's offset repeated over its entries
+    gather = np.repeat(coloring.colors * n, np.diff(coloring.indptr))
+    gather += coloring.indices
+    return DirectPlan((coloring.ncolors, n), coloring.nnz, _sealed(gather))
 
 
 @build_plan.register

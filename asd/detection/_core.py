@@ -284,17 +284,33 @@ class Call:
             add_cross(Ga, Gb)
 
 
+_NO_DEFAULT = object()
+_SCHEMAS: dict = {}
+
+
+def _schema_args(func) -> tuple:
+    """``(name, kwarg_only, default)`` of each schema argument of ``func`` (``_NO_DEFAULT`` where it
+    has none), read once per op: the schema builds its argument objects anew at every access."""
+    entry = _SCHEMAS.get(id(func))
+    if entry is None or entry[0] is not func:
+        args = tuple((a.name, a.kwarg_only, a.default_value if a.has_default_value() else _NO_DEFAULT)
+                     for a in func._schema.arguments)
+        entry = _SCHEMAS[id(func)] = (func, args)  # func kept alive: its id is never reused
+    return entry[1]
+
+
 def bind(func, args, kwargs) -> dict[str, Any]:
     """Match positional and keyword arguments to the op's schema names."""
     out: dict[str, Any] = {}
-    schema = func._schema.arguments
-    for i, a in enumerate(schema):
-        if i < len(args) and not a.kwarg_only:
-            out[a.name] = args[i]
-        elif a.name in kwargs:
-            out[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
+    nargs = len(args)
+    for i, (name, kwarg_only, default) in enumerate(_schema_args(func)):
+        if i < nargs and not kwarg_only:
+            out[name] = args[i]
+        elif name in kwargs:
+            out[name] = kwargs[name]
+        elif default is not _NO_DEFAULT:
+            # a fresh list per call, as the schema gives it: a rule may modify what it is handed
+            out[name] = list(default) if isinstance(default, list) else default
         else:
-            out[a.name] = None
+            out[name] = None
     return out

@@ -84,8 +84,7 @@ def pattern_of_sets(sets: sp.csr_matrix, input_shape=None, output_shape=None) ->
 
 
 def _column_block(rows: int, offset: int, n: int) -> sp.csr_matrix:
-    return sp.csr_matrix((np.ones(rows, dtype=bool), np.arange(offset, offset + rows, dtype=S.INDEX),
-                          np.arange(rows + 1, dtype=S.INDEX)), shape=(rows, n))
+    return S._csr(np.arange(rows + 1, dtype=S.INDEX), np.arange(offset, offset + rows, dtype=S.INDEX), (rows, n))
 
 
 def trace_inputs(f: Callable, xs: tuple, selected: tuple[int, ...], *, local: bool, strict: bool,

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from ..errors import TracingError, UnsupportedOpError, UnsupportedOpWarning
 from . import sets as S
 from ._core import Call, Storage, TracedTensor, bind, is_differentiable_dtype, pop_tracer, push_tracer
-from .ad_gaps import gaps_of
+from .ad_gaps import GAPS, gaps_of
 from .rules.fallback import conservative
 from .rules.movement import view_ids
 from .table import aten_ops, lookup
@@ -128,13 +128,45 @@ def _flat_into(x, flat: list):
     raise _NotPlain
 
 
+class _ArgsSpec(_Spec):
+    """The structure of ``(args, {})`` with every argument a leaf, the common ATen call: equal to
+    the one :func:`_flat_into` finds, and unflattened without walking it."""
+
+    __slots__ = ()
+
+
+_ARGS_SPECS: dict = {}
+#: the structure of a single leaf (a tensor result)
+_LEAF = _Spec((None,))
+
+
+def _args_spec(n: int) -> _ArgsSpec:
+    spec = _ARGS_SPECS.get(n)
+    if spec is None:
+        spec = _ARGS_SPECS[n] = _ArgsSpec(((tuple, ((tuple, (None,) * n), (dict, (), ()))),))
+    return spec
+
+
 def _flatten(x) -> tuple[list, Any]:
     """``tree_flatten(x)``: the leaves and a structure for :func:`_unflatten`."""
+    if isinstance(x, torch.Tensor):
+        return [x], _LEAF
     flat: list = []
     try:
         return flat, _Spec((_flat_into(x, flat),))
     except _NotPlain:
         return tree_flatten(x)
+
+
+def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """``_flatten((args, kwargs))``, without walking a call whose arguments are all leaves."""
+    if not kwargs and type(args) is tuple:
+        for a in args:
+            if not (isinstance(a, torch.Tensor) or type(a) in _LEAF_TYPES):
+                break
+        else:
+            return list(args), _args_spec(len(args))
+    return _flatten((args, kwargs))
 
 
 def _rebuild(node, it):
@@ -147,7 +179,12 @@ def _rebuild(node, it):
 
 def _unflatten(flat, spec):
     """``tree_unflatten`` for a structure from :func:`_flatten` (or from ``tree_flatten``)."""
-    if type(spec) is _Spec:
+    t = type(spec)
+    if t is _ArgsSpec:
+        return tuple(flat), {}
+    if t is _Spec:
+        if spec is _LEAF:
+            return flat[0]
         return _rebuild(spec[0], iter(flat))
     return tree_unflatten(flat, spec)
 
@@ -474,19 +511,13 @@ def _fast_meta(func, pflat, spec, pargs, pkwargs):
     return torch.empty_strided(shape, _contiguous_strides(shape), dtype=r.dtype, device="meta")
 
 
-_MEMOIZABLE: dict = {}
-
-
-def _meta_call(func, pflat, spec, pargs, pkwargs):
+def _meta_call(func, pflat, spec, pargs, pkwargs, facts: "_OpFacts | None" = None):
     """``func(*pargs, **pkwargs)`` on meta tensors, memoized for ops that return fresh tensors."""
-    memo = _MEMOIZABLE.get(func)
-    if memo is None:
-        memo = _MEMOIZABLE[func] = not (any(r.alias_info is not None for r in func._schema.returns)
-                                        or torch.Tag.nondeterministic_seeded in func.tags)
-    if not memo:
+    facts = facts or op_facts(func)
+    if not facts.memoizable:
         return func(*pargs, **pkwargs)
     try:
-        key = (func, spec, tuple(_meta_key(a) for a in pflat))
+        key = (facts, spec, tuple(_meta_key(a) for a in pflat))
     except TypeError:  # an unhashable argument: no memo
         return func(*pargs, **pkwargs)
     hit = _META_CACHE.get(key)
@@ -521,17 +552,52 @@ def _run_at_generic_point(func, flat, spec):
     return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, out)
 
 
-def _decomposition(func):
+def _decomposition(func, rule=False):
     """PyTorch's own decomposition of a functional op that has no rule (``slice_backward`` and other
-    backward ops met when ``f`` calls autograd), or ``None``."""
-    if lookup(func) is not None or func._schema.is_mutable or any(r.alias_info is not None
-                                                                   for r in func._schema.returns):
+    backward ops met when ``f`` calls autograd), or ``None``. ``rule``: ``lookup(func)`` where the
+    caller has it."""
+    if (lookup(func) if rule is False else rule) is not None or not op_facts(func).decomposable:
         return None
     return decomposition_table.get(func)
 
 
 # Ops answered by the tracer itself, before any rule.
 _SCALAR_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
+
+
+class _OpFacts:
+    """What the tracer reads of an op's schema and tags, worked out once per op (an OpOverload
+    hashes in Python: a dict lookup keyed on it costs more than one keyed on its ``id``)."""
+
+    __slots__ = ("func", "qualname", "scalar", "detach", "to_sparse", "decomposable", "mutated", "stat_update", "aliases",
+                 "aliasing", "memoizable", "inplace_view")
+
+    def __init__(self, func):
+        schema = func._schema
+        self.func = func  # kept alive: its id is never reused while this entry exists
+        self.qualname = func.overloadpacket._qualified_op_name  # the key of its AD gaps
+        self.scalar = func in _SCALAR_OPS
+        self.detach = func is aten.detach.default
+        self.to_sparse = func.__name__.lstrip("_").startswith("to_sparse")
+        fresh = not any(r.alias_info is not None for r in schema.returns)
+        self.decomposable = not schema.is_mutable and fresh
+        self.mutated = _mutated_args(func)
+        self.stat_update = func in _STAT_UPDATES
+        self.aliases = alias_of_returns(func)
+        self.aliasing = any(a is not None for a, _ in self.aliases)
+        self.memoizable = fresh and torch.Tag.nondeterministic_seeded not in func.tags
+        self.inplace_view = torch.Tag.inplace_view in func.tags
+
+
+_FACTS: dict = {}
+
+
+def op_facts(func) -> _OpFacts:
+    """The :class:`_OpFacts` of ``func``."""
+    facts = _FACTS.get(id(func))
+    if facts is None or facts.func is not func:
+        facts = _FACTS[id(func)] = _OpFacts(func)
+    return facts
 
 
 class _Mode(TorchDispatchMode):
@@ -685,17 +751,19 @@ class Tracer:
 
     # -- dispatch -----------------------------------------------------------------------------
     def dispatch(self, func, args, kwargs):
-        flat, spec = _flatten((args, kwargs))
+        facts = op_facts(func)
+        flat, spec = _flatten_call(args, kwargs)
         traced = [a for a in flat if isinstance(a, TracedTensor)]
         if traced:
             self.ops_seen.add(func)
-            gaps = gaps_of(func, lambda: bind(func, args, kwargs))
-            if gaps:
-                self.gaps.update(gaps)
+            if facts.qualname in GAPS:
+                gaps = gaps_of(func, lambda: bind(func, args, kwargs))
+                if gaps:
+                    self.gaps.update(gaps)
 
-        if func in _SCALAR_OPS:
+        if facts.scalar:
             return self._scalar(func, args, kwargs, traced)
-        if func is aten.detach.default and traced:
+        if facts.detach and traced:
             # an alias that keeps its sets: autograd also detaches the outputs it saves for backward
             # and unpacks them tracked again; whether a use is cut is decided there (``detached``)
             a = args[0]
@@ -707,11 +775,12 @@ class Tracer:
             out = func(*args, **kwargs)
             return tree_map(lambda t: self.constant(t) if isinstance(t, torch.Tensor) else t, out)
 
-        if func.__name__.lstrip("_").startswith("to_sparse") and any(t.sets.nnz for t in traced):
+        if facts.to_sparse and any(t.sets.nnz for t in traced):
             raise TracingError(
                 f"{func}: a sparse tensor computed from the input cannot be traced; build sparse "
                 "matrices from constants only, or keep input-dependent values dense")
-        decompose = _decomposition(func)
+        rule = lookup(func)
+        decompose = _decomposition(func, rule) if rule is None else None
         if decompose is not None:  # traced through the ops it decomposes into, each by its rule
             # below autograd: the decomposition's intermediates are untracked, yet not detached
             self._decomposing += 1
@@ -720,11 +789,11 @@ class Tracer:
             finally:
                 self._decomposing -= 1
         any_meta = any(t.primal.is_meta for t in traced)
-        mutated = _mutated_args(func)
+        mutated = facts.mutated
         before = {}
         if mutated:
             self._prepare_mutation(func, args, kwargs, mutated, any_meta)
-            if self.local and not any_meta and torch.Tag.inplace_view not in func.tags:
+            if self.local and not any_meta and not facts.inplace_view:
                 before = self._snapshot(func, args, kwargs, mutated)
 
         def unwrap(a):
@@ -740,11 +809,11 @@ class Tracer:
         pargs, pkwargs = _unflatten(pflat, spec)
         if any_meta and pkwargs.get("device") is not None:
             pkwargs["device"] = torch.device("meta")  # e.g. x.to("cpu", copy=True) on a meta primal
-        if func in _STAT_UPDATES:
+        if facts.stat_update:
             pargs, pkwargs = _private_stats(func, pargs, pkwargs)
         try:
             if any_meta and not mutated:
-                pout = _meta_call(func, pflat, spec, pargs, pkwargs)
+                pout = _meta_call(func, pflat, spec, pargs, pkwargs, facts)
             else:
                 pout = func(*pargs, **pkwargs)
         except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
@@ -777,16 +846,18 @@ class Tracer:
             kwargs = {k: swap(v) for k, v in kwargs.items()}
         call = Call(func, args, kwargs, pargs, pkwargs, out_tensors, self)
 
-        aliases = alias_of_returns(func)
-        if any(a is not None for a, _ in aliases):
-            return self._aliasing(call, pout, aliases, restore)
+        if facts.aliasing:
+            return self._aliasing(call, pout, facts.aliases, restore)
 
-        out_sets = self._run_rule(call)
+        out_sets = self._run_rule(call, rule)
         wrapped = iter([self.wrap(t, s) for t, s in zip(out_tensors, out_sets)])
         return _unflatten([next(wrapped) if isinstance(o, torch.Tensor) else o for o in outs_flat], out_spec)
 
-    def _run_rule(self, call: Call) -> list:
-        rule = lookup(call.func)
+    def _run_rule(self, call: Call, rule=False) -> list:
+        """Output sets of ``call`` by its rule (``rule``: ``lookup(call.func)`` where the caller has
+        it, else ``False``)."""
+        if rule is False:
+            rule = lookup(call.func)
         if rule is None:
             self.unsupported(call.func)
             out_sets = conservative(call)
@@ -890,7 +961,7 @@ class Tracer:
         args = call.args
         b_args = list(args) + [call.kwargs.get(a.name) for a in func._schema.arguments[len(args):]]
         writes = [(j, w) for j, w in aliases if j is not None and w]
-        if torch.Tag.inplace_view in func.tags and isinstance(b_args[0], TracedTensor):
+        if op_facts(func).inplace_view and isinstance(b_args[0], TracedTensor):
             return self._inplace_view(call, b_args[0])
         if writes:
             out_sets = self._run_rule(call)

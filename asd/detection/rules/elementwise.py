@@ -47,6 +47,17 @@ def _tensor_args(call: Call, skip: tuple[str, ...] = ()):
                     yield t
 
 
+def _all_tensor_args(call: Call):
+    """The traced tensor arguments, without binding them to names (schema defaults are never tensors)."""
+    for v in (*call.args, *call.kwargs.values()):
+        if isinstance(v, TracedTensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            for t in v:
+                if isinstance(t, TracedTensor):
+                    yield t
+
+
 def broadcast_union(call: Call, skip: tuple[str, ...] = ()) -> list:
     """Every output depends on the matching element of every differentiable operand."""
     res = []
@@ -54,7 +65,8 @@ def broadcast_union(call: Call, skip: tuple[str, ...] = ()) -> list:
         if not is_differentiable_dtype(out.dtype):
             res.append(None)
             continue
-        parts = [operand_sets(call, a, out) for a in _tensor_args(call, skip)]
+        operands = _tensor_args(call, skip) if skip else _all_tensor_args(call)
+        parts = [operand_sets(call, a, out) for a in operands]
         res.append(S.union(parts, out.numel(), call.n))
     return res
 

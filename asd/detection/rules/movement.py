@@ -34,10 +34,17 @@ def _is_data(a) -> bool:
     return isinstance(a, torch.Tensor) and is_differentiable_dtype(a.dtype)
 
 
-def _scalar_arg_names(func) -> set[str]:
-    # TorchScript prints the schema type ``Scalar`` as ``number``
-    return {a.name for a in func._schema.arguments
-            if str(a.type) in ("Scalar", "Optional[Scalar]", "number", "Optional[number]")}
+_SCALAR_NAMES: dict = {}
+
+
+def _scalar_arg_names(func) -> frozenset[str]:
+    names = _SCALAR_NAMES.get(func)
+    if names is None:
+        # TorchScript prints the schema type ``Scalar`` as ``number``
+        names = _SCALAR_NAMES[func] = frozenset(
+            a.name for a in func._schema.arguments
+            if str(a.type) in ("Scalar", "Optional[Scalar]", "number", "Optional[number]"))
+    return names
 
 
 def _id_call(call: Call, id_dtype: torch.dtype, data_value=None, subst: dict | None = None):
@@ -97,21 +104,117 @@ class _UnknownSelector(Exception):
         self.arg = arg
 
 
-def _ids_to_sets(call: Call, out, stacked) -> list:
-    flat, _ = tree_flatten(out)
-    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+def _id_rows(call: Call, out, stacked) -> list:
+    """For each output: the row of ``stacked`` each of its elements copies (``-1``: none), or
+    ``None`` where the output carries no sets."""
+    tensors = [out] if isinstance(out, torch.Tensor) else [t for t in tree_flatten(out)[0]
+                                                           if isinstance(t, torch.Tensor)]
     res = []
     for o, ids in zip(call.outs, tensors):
         if stacked is None or not is_differentiable_dtype(o.dtype):
             res.append(None)
             continue
-        rows = ids.reshape(-1).to(torch.int64).numpy() - 1
-        res.append(S.take_rows(stacked, rows))
+        res.append(ids.reshape(-1).to(torch.int64).numpy() - 1)
     return res
+
+
+# -- memo of the id runs ----------------------------------------------------------------------------
+# An op run on ids gives the same rows whenever its arguments have the same shapes and Python values
+# (a traced function repeats the same few calls, and traces of one function repeat them all): the
+# rows are kept under a key made of exactly what :func:`_id_call` reads - the op, each data tensor's
+# shape, dtype and whether it carries sets, every other argument's Python value and type. Calls with
+# a tensor whose values matter (an index, a mask) or any other object are not memoized.
+
+#: most elements of one memoized row array, and of all of them together (the memo is emptied then)
+MEMO_MAX_ELEMENTS = 1 << 18
+MEMO_TOTAL_ELEMENTS = 1 << 21
+_MEMO: dict = {}
+_MEMO_SIZE = [0]
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+class _NoKey(Exception):
+    pass
+
+
+def _arg_key(call: Call, a):
+    if _is_data(a):
+        return ("D", tuple(a.shape), a.dtype, isinstance(a, TracedTensor) and call.sets(a) is not None)
+    if isinstance(a, torch.Tensor):
+        raise _NoKey  # a selector: its values decide
+    if isinstance(a, (list, tuple)):
+        return (type(a), tuple([_arg_key(call, t) for t in a]))
+    if type(a) in _PLAIN:
+        return (type(a), a)
+    raise _NoKey
+
+
+_SEEDED: dict = {}
+
+
+def _memo_key(call: Call):
+    """The key of ``call``'s run on ids (see above), or ``None``."""
+    func = call.func
+    seeded = _SEEDED.get(func)
+    if seeded is None:
+        seeded = _SEEDED[func] = torch.Tag.nondeterministic_seeded in func.tags
+    if seeded:
+        return None
+    try:
+        return (func, tuple([_arg_key(call, a) for a in call.args]),
+                tuple([(k, _arg_key(call, v)) for k, v in call.kwargs.items()]))
+    except _NoKey:
+        return None
+
+
+def _remember(key, rows: list) -> None:
+    size = sum(r.size for r in rows if r is not None)
+    if size > MEMO_MAX_ELEMENTS:
+        return
+    for r in rows:
+        if r is not None:
+            r.flags.writeable = False
+    if _MEMO_SIZE[0] + size > MEMO_TOTAL_ELEMENTS:
+        _MEMO.clear()
+        _MEMO_SIZE[0] = 0
+    _MEMO[key] = rows
+    _MEMO_SIZE[0] += size
+
+
+def clear_memo() -> None:
+    """Forget the memoized id runs."""
+    _MEMO.clear()
+    _MEMO_SIZE[0] = 0
+
+
+def _stacked_sets(call: Call):
+    """The sets of the data arguments, stacked in the order :func:`_id_call` numbers them."""
+    set_list = []
+
+    def visit(a):
+        if _is_data(a):
+            s = call.sets(a) if isinstance(a, TracedTensor) else None
+            if s is not None:
+                set_list.append(s)
+        elif isinstance(a, (list, tuple)):
+            for t in a:
+                visit(t)
+
+    for a in call.args:
+        visit(a)
+    for v in call.kwargs.values():
+        visit(v)
+    return S.vstack(set_list) if set_list else None
 
 
 def run_on_ids(call: Call, subst: dict | None = None):
     """Output sets of a pure data-movement op, or ``None`` if the op cannot run on ids."""
+    key = _memo_key(call) if subst is None else None
+    if key is not None:
+        rows = _MEMO.get(key)
+        if rows is not None:
+            stacked = _stacked_sets(call)
+            return [None if r is None or stacked is None else S.take_rows(stacked, r) for r in rows]
     for dtype in (torch.int64, torch.float64):
         try:
             out, stacked = _id_call(call, dtype, subst=subst)
@@ -119,7 +222,10 @@ def run_on_ids(call: Call, subst: dict | None = None):
             raise
         except (RuntimeError, NotImplementedError, TypeError):
             continue
-        return _ids_to_sets(call, out, stacked)
+        rows = _id_rows(call, out, stacked)
+        if key is not None:
+            _remember(key, rows)
+        return [None if r is None else S.take_rows(stacked, r) for r in rows]
     return None
 
 
@@ -267,6 +373,11 @@ def view_ids(call: Call, base: TracedTensor) -> list[np.ndarray] | None:
         return [np.repeat(np.arange(base.numel(), dtype=np.int64), 2)]
     if func is aten.view_as_complex.default:
         return None  # each complex element reads two real ones: a copy (see ``complex_pairs``)
+    key = _view_key(call, base)
+    if key is not None:
+        hit = _MEMO.get(key)
+        if hit is not None:
+            return hit
     ids_in = torch.arange(base.numel(), dtype=torch.int64).reshape(base.shape)
 
     def convert(a):
@@ -282,9 +393,34 @@ def view_ids(call: Call, base: TracedTensor) -> list[np.ndarray] | None:
         out = func(*args, **kwargs)
     except (RuntimeError, NotImplementedError, TypeError):
         return None
-    flat, _ = tree_flatten(out)
-    # ``to(dtype)`` aliases its input when the dtype already matches, and converts the ids with it
-    return [t.reshape(-1).to(torch.int64).numpy() for t in flat if isinstance(t, torch.Tensor)]
+    flat = [out] if isinstance(out, torch.Tensor) else tree_flatten(out)[0]
+    # ``to(dtype)`` aliases its input when the dtype already matches, and converts the ids with it;
+    # the ids are copied out of ``ids_in`` (a view op returns views of it)
+    ids = [np.array(t.reshape(-1).to(torch.int64).numpy()) for t in flat if isinstance(t, torch.Tensor)]
+    if key is not None:
+        _remember(key, ids)
+    return ids
+
+
+def _view_key(call: Call, base: TracedTensor):
+    """The memo key of a view op's ids (see :func:`_memo_key`): the op, the base's shape and every
+    other argument's Python value; ``None`` where another tensor is passed."""
+    def key(a):
+        if a is base:
+            return ("B", tuple(base.shape), base.dtype)
+        if isinstance(a, torch.Tensor):
+            raise _NoKey
+        if isinstance(a, (list, tuple)):
+            return (type(a), tuple(key(t) for t in a))
+        if type(a) in _PLAIN:
+            return (type(a), a)
+        raise _NoKey
+
+    try:
+        return ("view", call.func, tuple(key(a) for a in call.args),
+                tuple((k, key(v)) for k, v in call.kwargs.items()))
+    except _NoKey:
+        return None
 
 
 MOVEMENT_OPS = aten_ops(

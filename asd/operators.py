@@ -435,6 +435,12 @@ class _SparseOperator:
         if out.requires_grad and torch.is_grad_enabled():
             raise InputError("out requires grad: pass a buffer that does not (out.detach()) or call under "
                              "torch.no_grad()")
+        if out.is_inference():
+            raise InputError("out is an inference tensor (made under torch.inference_mode()), which cannot be "
+                             "written outside it: allocate the buffer outside inference mode")
+        if nnz > 1 and out.stride(0) == 0:
+            raise InputError("out's elements share memory (an expanded tensor): allocate a buffer of its own, "
+                             f"torch.empty({nnz}, dtype={self.dtype})")
 
     def _check_out_csr(self, out) -> torch.Tensor:
         """The values buffer of ``out``, a CSR tensor with this operator's structure."""
@@ -507,7 +513,10 @@ class _SparseOperator:
     def __call__(self, x: torch.Tensor, *args, out: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         """The derivative at ``x`` as a ``torch.sparse_csr`` tensor (``args``/``kwargs``: ``f``'s extra
         arguments, see :meth:`values`). ``out``: a CSR tensor this operator returned before, whose
-        values are overwritten and which is returned (see :meth:`values`)."""
+        values are overwritten and which is returned (see :meth:`values`).
+
+        Every result shares the operator's crow and column index tensors (copying them would cost
+        more than a compiled call): write to a result's ``values()`` only, never to its indices."""
         if out is not None:
             self._check(x)
             self.values(x, *args, out=self._check_out_csr(out), **kwargs)

@@ -28,10 +28,25 @@ _FORMAT = "asd.SparsityPattern/1"
 
 def _frozen(a) -> np.ndarray:
     a = np.ascontiguousarray(a, dtype=_I)
-    if a.flags.writeable:  # never freeze (or alias) an array the caller may still write
+    if not _unwritable(a):  # never freeze (or alias) an array the caller may still write
         a = a.copy()
         a.setflags(write=False)
     return a
+
+
+def _unwritable(a: np.ndarray) -> bool:
+    """Whether no one can write ``a``'s elements through numpy: it and every array it views are
+    read-only, down to memory numpy owns or immutable bytes (a read-only view of a writable buffer
+    is not)."""
+    while True:
+        if a.flags.writeable:
+            return False
+        base = a.base
+        if base is None:
+            return True
+        if not isinstance(base, np.ndarray):
+            return isinstance(base, bytes)
+        a = base
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,6 +33,12 @@ import asd.solvers  # noqa: E402,F401
 from asd.problems import cartpole, rosenbrock  # noqa: E402
 from asd.timing import FULL, Policy, fmt_seconds, once, table  # noqa: E402
 
+import asd.coloring  # noqa: E402
+
+# time the coloring itself: asd keeps colorings of recent patterns by content, and a repeated call
+# would measure that memo
+asd.coloring.MEMO_ENTRIES = 0
+
 OPTIMUM = 58.80789827
 
 

@@ -23,6 +23,12 @@ import harness  # noqa: E402  (puts the checkout's root on sys.path)
 from harness import Session  # noqa: E402
 
 from asd.coloring import check, color  # noqa: E402
+
+import asd.coloring  # noqa: E402
+
+# time the coloring itself: asd keeps colorings of recent patterns by content, and a repeated call
+# would measure that memo
+asd.coloring.MEMO_ENTRIES = 0
 from asd.detection import hessian_sparsity  # noqa: E402
 from asd.problems import rosenbrock, total_variation  # noqa: E402
 from asd.timing import fmt_seconds, once, table  # noqa: E402

@@ -207,7 +207,7 @@ def test_the_memo_is_bounded_and_cleared(colorings, monkeypatch):
     assert len(C._MEMO) == 3
     C.color(_fresh(pats[0]), "column")  # evicted: colored again
     assert len(colorings) == 6
-    monkeypatch.setattr(C, "MEMO_NNZ", pats[1].nnz)
+    monkeypatch.setattr(C, "MEMO_NNZ", C._weight(pats[1]))
     big = _stencil((6, 12), FIVE)
     C.color(big, "column")
     C.color(_fresh(big), "column")  # more entries than the whole budget: never kept

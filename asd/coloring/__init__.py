@@ -246,8 +246,10 @@ def _iterated_greedy(best, pattern, problem, seed, postprocess, rounds):
 # hash alone - gets that result again, rebased onto the pattern asked about (with its decompression
 # plan), and the derived structures of the pattern (transpose, symmetry) are shared. Detecting the
 # same function again (``sparse_jacobian(f, x, cache=False)`` in a loop, a new operator for the same
-# problem) then colors nothing. Bounded by :data:`MEMO_ENTRIES` results and :data:`MEMO_NNZ` stored
-# pattern entries; ``asd.clear_cache()`` (or :func:`clear_memo`) empties it.
+# problem) then colors nothing. A kept pattern never aliases memory its caller can write (see
+# ``asd.patterns._frozen``). Bounded by :data:`MEMO_ENTRIES` results and :data:`MEMO_NNZ` index
+# elements of the kept patterns (``MEMO_ENTRIES = 0`` turns it off); ``asd.clear_cache()`` (or
+# :func:`clear_memo`) empties it.
 
 MEMO_ENTRIES = 32
 MEMO_NNZ = 1 << 22
@@ -278,14 +280,19 @@ def _memo_get(P: SparsityPattern, key: tuple) -> Coloring | None:
 def _memo_put(P: SparsityPattern, key: tuple, result: Coloring) -> None:
     """Keep ``result`` (options ``key``) for ``P``: entries are told apart by the options, ``P``'s
     identity (while it is kept) and its shapes; the oldest go first beyond the bounds."""
-    if P.nnz > MEMO_NNZ:
+    if _weight(P) > MEMO_NNZ:
         return
     with _MEMO_LOCK:
         _MEMO[(key, id(P), _shape_key(P))] = (P, result)
-        total = sum(Q.nnz for Q, _ in _MEMO.values())
-        while len(_MEMO) > MEMO_ENTRIES or total > MEMO_NNZ:
+        total = sum(_weight(Q) for Q, _ in _MEMO.values())
+        while _MEMO and (len(_MEMO) > MEMO_ENTRIES or total > MEMO_NNZ):
             _, (Q, _) = _MEMO.popitem(last=False)
-            total -= Q.nnz
+            total -= _weight(Q)
+
+
+def _weight(P: SparsityPattern) -> int:
+    """The array elements a kept pattern holds: its entries and both index pointers."""
+    return P.nnz + P.shape[0] + P.shape[1] + 2
 
 
 def _rebased(result: Coloring, Q: SparsityPattern, P: SparsityPattern) -> Coloring:

@@ -168,7 +168,8 @@ def _memo_key(call: Call):
 
 
 def _remember(key, rows: list) -> None:
-    size = sum(r.size for r in rows if r is not None)
+    # every entry and every array counts (an array's header is worth ~16 int64 elements)
+    size = 16 + sum(16 + (r.size if r is not None else 0) for r in rows)
     if size > MEMO_MAX_ELEMENTS:
         return
     for r in rows:

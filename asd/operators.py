@@ -406,7 +406,8 @@ class _SparseOperator:
         receives the values and is returned, for solver loops that keep one array of Jacobian or
         Hessian values. It is written only once the values are complete (and checked): a call that
         raises leaves it as it was. It records no gradient: with an input or parameters that
-        require grad, call without ``out`` or under ``torch.no_grad()``.
+        require grad, call without ``out`` or under ``torch.no_grad()``. (``out`` is asd's keyword: an
+        ``out`` argument of ``f`` itself can only be given at preparation, ``kwargs=``.)
         """
         self._check(x)
         if out is not None:

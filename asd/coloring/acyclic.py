@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asd.coloring.graphs import heavy_vertices
+from asd.coloring.graphs import acyclic_tables
 from asd.coloring.orders import vertex_order
 from asd.coloring.result import AcyclicColoring
 
@@ -20,7 +20,7 @@ def color_acyclic(pattern, order, seed=0, perm=None) -> AcyclicColoring:
     if n:
         from asd.coloring._acyclic_kernels import acyclic_color
 
-        colors, ncolors = acyclic_color(perm, ptr, idx, pattern.transpose_with_positions[1], *heavy_vertices(ptr))
+        colors, ncolors = acyclic_color(perm, ptr, idx, pattern.transpose_with_positions[1], *acyclic_tables(ptr))
         ncolors = int(ncolors)
     else:
         colors, ncolors = np.zeros(0, dtype=np.int64), 0

@@ -4,7 +4,8 @@ Canonical CSR structure, transposes and mirror positions live on
 :class:`asd.patterns.SparsityPattern` (built once per pattern); this module adds
 
 * :func:`augmented` - adjacency structure of the bipartite graph ``[[0, A^T], [A, 0]]``;
-* :func:`heavy_vertices` - the per-color table slots of the star/acyclic kernels;
+* :func:`heavy_vertices`, :func:`acyclic_tables` - the per-color table slots of the star and
+  acyclic kernels;
 * :func:`to_igraph` - the colored graph of a coloring result.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["augmented", "csr_rows", "heavy_vertices", "to_igraph"]
+__all__ = ["augmented", "csr_rows", "acyclic_tables", "heavy_vertices", "to_igraph"]
 
 _I = np.int64
 
@@ -23,34 +24,73 @@ def csr_rows(indptr):
     return np.repeat(np.arange(m, dtype=_I), np.diff(indptr))
 
 
-#: degree above which star/acyclic kernels keep per-color tables for a vertex
+#: degree above which the star kernel keeps a representative edge per color for a vertex
 HEAVY_THRESHOLD = 32
+#: degree above which the star and acyclic kernels keep color bitsets for a vertex
+BITSET_THRESHOLD = 8
 
 
-def heavy_vertices(indptr, threshold: int | None = None):
-    """Slots of high-degree vertices for the per-color tables of the star/acyclic kernels:
-    returns ``(heavy, nslots, width)`` with ``heavy[v] = slot`` or ``-1``.  The threshold is
-    doubled until the tables (``nslots x width`` entries) stay within ~4 nnz + 1M."""
-    if threshold is None:
-        threshold = HEAVY_THRESHOLD
+def _index_type(n, nnz):
+    """int32 where every vertex, position, color and star number fits, else int64."""
+    return np.int32 if max(n, nnz) < 2**31 - 2 else _I
+
+
+def _by_degree(deg, sel, it):
+    """The vertices with ``sel`` by decreasing degree (ties by index), and their slot numbers."""
+    cand = np.flatnonzero(sel)
+    bvert = cand[np.argsort(-deg[cand], kind="stable")].astype(it)
+    bslot = np.full(deg.shape[0], -1, dtype=it)
+    bslot[bvert] = np.arange(bvert.shape[0], dtype=it)
+    return bslot, bvert
+
+
+def heavy_vertices(indptr, threshold: int | None = None, bits_threshold: int | None = None):
+    """The table layout of the star kernel: ``(heavy, nheavy, bslot, bvert, cap, budget, neg)``.
+
+    ``cap`` exceeds every color a greedy coloring can use (at most dmax^2 + 1, never more than
+    n).  ``heavy[v] >= 0`` numbers the vertices of degree above ``threshold`` that keep a
+    representative edge per color (``cap`` entries each; the threshold is doubled until these
+    tables stay within ~4 nnz + 1M entries).  ``bslot[v] >= 0`` numbers the vertices that keep
+    two color bitsets: the heavy ones and those of degree above ``bits_threshold``, by
+    decreasing degree (``bvert`` lists them, heavy vertices first, and ``heavy[v] == bslot[v]``
+    for them); the bitsets grow with the colors used, and when they would exceed ``budget``
+    words (~nnz + 1M) the kernel drops those of the last (lowest-degree) non-heavy vertices.
+    ``neg`` is ``-1`` of the kernel's integer type: int32 unless the graph is too large."""
     deg = np.diff(indptr)
     n = deg.shape[0]
+    nnz = int(indptr[-1]) if n else 0
+    it = _index_type(n, nnz)
     dmax = int(deg.max()) if n else 0
-    # greedy star/acyclic colorings use at most dmax^2 + 1 colors (and never more than n)
-    width = min(n, dmax * dmax + 1) + 1
-    budget = 4 * int(indptr[-1]) + (1 << 20)
-    while True:
-        sel = deg > threshold
-        k = int(sel.sum())
-        if k * width <= budget or threshold > n:
-            break
-        threshold *= 2
-    if threshold > n:
-        k = 0
-        sel = np.zeros(n, dtype=bool)
-    heavy = np.full(n, -1, dtype=_I)
-    heavy[sel] = np.arange(k, dtype=_I)
-    return heavy, k, (width if k else 1)
+    cap = min(n, dmax * dmax + 1) + 1
+    ht = HEAVY_THRESHOLD if threshold is None else threshold
+    budget = 4 * nnz + (1 << 20)
+    while ht <= n and ht < dmax and int(np.count_nonzero(deg > ht)) * cap > budget:
+        ht = max(2 * ht, 1)
+    if ht > n:
+        ht = dmax  # no heavy vertex
+    bt = BITSET_THRESHOLD if bits_threshold is None else bits_threshold
+    bslot, bvert = _by_degree(deg, deg > min(bt, ht), it)
+    nheavy = int(np.count_nonzero(deg[bvert] > ht))
+    heavy = np.full(n, -1, dtype=it)
+    heavy[bvert[:nheavy]] = bslot[bvert[:nheavy]]
+    return heavy, nheavy, bslot, bvert, cap, nnz + (1 << 20), it(-1)
+
+
+def acyclic_tables(indptr, bits_threshold: int | None = None):
+    """The table layout of the acyclic kernel: ``(bslot, bvert, budget, neg)``.
+
+    ``bslot[v] >= 0`` numbers the vertices of degree above ``bits_threshold`` that keep a color
+    bitset and a representative edge per color, by decreasing degree (``bvert`` lists them);
+    the tables grow with the colors used, and when they would exceed ``budget`` entries
+    (~2 nnz + 1M) the kernel drops those of the last (lowest-degree) vertices.  ``neg`` is
+    ``-1`` of the kernel's integer type: int32 unless the graph is too large for it."""
+    deg = np.diff(indptr)
+    n = deg.shape[0]
+    nnz = int(indptr[-1]) if n else 0
+    it = _index_type(n, nnz)
+    bt = BITSET_THRESHOLD if bits_threshold is None else bits_threshold
+    bslot, bvert = _by_degree(deg, deg > bt, it)
+    return bslot, bvert, 2 * nnz + (1 << 20), it(-1)
 
 
 def augmented(pattern):

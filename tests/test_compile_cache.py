@@ -354,6 +354,7 @@ def test_the_cache_evicts_the_least_recently_used(private_cache, monkeypatch):
     assert not os.path.isfile(paths[1]) and not os.path.isfile(paths[2])
 
 
+@pytest.mark.slow  # Inductor compiles twice (about 11 s)
 def test_chunks_of_seed_rows_share_one_compiled_graph():
     x = torch.rand(24, dtype=torch.float64)
     g = lambda z: (z[1:] * z[:-1]).exp().sum() + z.cumsum(0).sin().sum()  # noqa: E731 - dense Hessian

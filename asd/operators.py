@@ -519,7 +519,6 @@ class _SparseOperator:
         Every result shares the operator's crow and column index tensors (copying them would cost
         more than a compiled call): write to a result's ``values()`` only, never to its indices."""
         if out is not None:
-            self._check(x)
             self.values(x, *args, out=self._check_out_csr(out), **kwargs)
             return out
         return self.decompressor.csr(self.values(x, *args, **kwargs))

@@ -26,8 +26,10 @@ _I = np.int64
 _FORMAT = "asd.SparsityPattern/1"
 
 
-def _frozen(a) -> np.ndarray:
-    a = np.ascontiguousarray(a, dtype=_I)
+def _frozen(a, dtype=_I) -> np.ndarray:
+    """``a`` as a read-only contiguous array of ``dtype``: ``a`` itself only where no one can write
+    it (see :func:`_unwritable`), else a copy."""
+    a = np.ascontiguousarray(a, dtype=dtype)
     if not _unwritable(a):  # never freeze (or alias) an array the caller may still write
         a = a.copy()
         a.setflags(write=False)

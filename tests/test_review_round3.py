@@ -168,3 +168,21 @@ def test_editing_a_returned_csr_does_not_change_later_results():
     J = op(X)
     J.col_indices()[0] = 5
     torch.testing.assert_close(op(X + 1).to_dense(), torch.func.jacrev(_chain)(X + 1))
+
+
+def test_results_and_plans_do_not_alias_a_read_only_view_of_a_writable_buffer():
+    from asd.coloring.result import ColumnColoring
+    from asd.decompression.plans import DirectPlan
+
+    P = asd.patterns.as_pattern(np.eye(4, dtype=bool))
+    buf = np.array([0, 1, 0, 1])
+    view = buf.view()
+    view.flags.writeable = False
+    coloring = ColumnColoring(P, "given", view, 2)
+    plan = DirectPlan((2, 4), 4, view)
+    owned = np.array([0, 1, 0, 1])
+    owned.flags.writeable = False
+    kept = ColumnColoring(P, "given", owned, 2)
+    buf[:] = 7
+    assert coloring.colors.tolist() == [0, 1, 0, 1] and plan.gather.tolist() == [0, 1, 0, 1]
+    assert np.shares_memory(kept.colors, owned)  # memory no one can write is kept as it is

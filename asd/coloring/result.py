@@ -25,18 +25,14 @@ from typing import ClassVar
 import numpy as np
 
 from asd.errors import DecompressionError
-from asd.patterns import SparsityPattern
+from asd.patterns import SparsityPattern, _frozen
 
 __all__ = ["Coloring", "ColumnColoring", "RowColoring", "StarColoring", "AcyclicColoring", "BiColoring",
            "ColumnSeeds", "RowSeeds"]
 
 
 def _ro(a) -> np.ndarray:
-    a = np.ascontiguousarray(a, dtype=np.int64) if np.asarray(a).dtype != np.bool_ else np.ascontiguousarray(a)
-    if a.flags.writeable:
-        a = a.copy()
-        a.setflags(write=False)
-    return a
+    return _frozen(a, np.bool_ if np.asarray(a).dtype == np.bool_ else np.int64)
 
 
 def _seed_rows(colors: np.ndarray, k: int, dtype) -> np.ndarray:

@@ -26,24 +26,11 @@ import numpy as np
 
 from asd.coloring.result import AcyclicColoring, BiColoring, ColumnColoring, RowColoring, StarColoring
 from asd.errors import ColoringError, DecompressionError
+from asd.patterns import _frozen as _ro
 
 __all__ = ["DirectPlan", "SubstitutionPlan", "build_plan"]
 
 _I = np.int64
-
-
-def _ro(a) -> np.ndarray:
-    a = np.ascontiguousarray(a, dtype=_I)
-    if a.flags.writeable:
-        a = a.copy()
-        a.setflags(write=False)
-    return a
-
-
-def _sealed(a: np.ndarray) -> np.ndarray:
-    """A fresh int64 array of this module's own, made read-only (the plan then keeps it uncopied)."""
-    a.setflags(write=False)
-    return a
 
 
 class _Plan:
@@ -137,7 +124,8 @@ def _(coloring: RowColoring) -> DirectPlan:
     # colors[rows] * n + indices, with each row's offset repeated over its entries
     gather = np.repeat(coloring.colors * n, np.diff(coloring.indptr))
     gather += coloring.indices
-    return DirectPlan((coloring.ncolors, n), coloring.nnz, _sealed(gather))
+    gather.setflags(write=False)  # the plan's own: kept uncopied
+    return DirectPlan((coloring.ncolors, n), coloring.nnz, gather)
 
 
 @build_plan.register

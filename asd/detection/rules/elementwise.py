@@ -34,28 +34,23 @@ def operand_sets(call: Call, a, out: torch.Tensor):
     return S.take_rows(s, _broadcast_rows(a, out.shape))
 
 
+def _traced(values):
+    """The traced tensors among ``values`` and inside their lists and tuples."""
+    for v in values:
+        if isinstance(v, TracedTensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            for t in v:
+                if isinstance(t, TracedTensor):
+                    yield t
+
+
 def _tensor_args(call: Call, skip: tuple[str, ...] = ()):
-    b = call.bound()
-    for name, v in b.items():
-        if name in skip:
-            continue
-        if isinstance(v, TracedTensor):
-            yield v
-        elif isinstance(v, (list, tuple)):
-            for t in v:
-                if isinstance(t, TracedTensor):
-                    yield t
-
-
-def _all_tensor_args(call: Call):
-    """The traced tensor arguments, without binding them to names (schema defaults are never tensors)."""
-    for v in (*call.args, *call.kwargs.values()):
-        if isinstance(v, TracedTensor):
-            yield v
-        elif isinstance(v, (list, tuple)):
-            for t in v:
-                if isinstance(t, TracedTensor):
-                    yield t
+    """The traced tensor arguments, those named in ``skip`` left out (without ``skip`` the arguments
+    are not bound to names: schema defaults are never tensors)."""
+    if not skip:
+        return _traced((*call.args, *call.kwargs.values()))
+    return _traced(v for name, v in call.bound().items() if name not in skip)
 
 
 def broadcast_union(call: Call, skip: tuple[str, ...] = ()) -> list:
@@ -65,8 +60,7 @@ def broadcast_union(call: Call, skip: tuple[str, ...] = ()) -> list:
         if not is_differentiable_dtype(out.dtype):
             res.append(None)
             continue
-        operands = _tensor_args(call, skip) if skip else _all_tensor_args(call)
-        parts = [operand_sets(call, a, out) for a in operands]
+        parts = [operand_sets(call, a, out) for a in _tensor_args(call, skip)]
         res.append(S.union(parts, out.numel(), call.n))
     return res
 

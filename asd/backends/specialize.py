@@ -41,7 +41,7 @@ import torch
 from torch.fx import Graph, GraphModule, Node
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["Specialized", "specialize", "lift", "functional"]
+__all__ = ["Specialized", "specialize", "candidates", "lift", "functional"]
 
 aten = torch.ops.aten
 
@@ -171,7 +171,7 @@ def lift(gm: GraphModule, inputs) -> Specialized:
 
 
 class _Rewriter:
-    def __init__(self, gm: GraphModule, inputs, constant_inputs, owned_ids):
+    def __init__(self, gm: GraphModule, inputs, constant_inputs, owned_ids, max_extra_bytes: int = MAX_EXTRA_BYTES):
         self.gm = gm
         self.graph = gm.graph
         self.inputs = list(inputs)
@@ -187,7 +187,7 @@ class _Rewriter:
                     self.env[node] = value
         for node, value in self.env.items():
             self.cap[node] = value.numel()
-        self.budget = MAX_EXTRA_BYTES + sum(v.numel() * v.element_size() for v in self.env.values())
+        self.budget = max_extra_bytes + sum(v.numel() * v.element_size() for v in self.env.values())
         self.notes: list[str] = []
 
     # -- constants --------------------------------------------------------------------------------
@@ -640,14 +640,38 @@ def specialize(gm: GraphModule, inputs, constant_inputs=(), owned=(), push: bool
     inputs at positions ``constant_inputs`` and the attribute tensors in ``owned`` (by identity).
     Falls back to :func:`lift` when the graph cannot be specialized or the result differs."""
     try:
-        return _specialize(gm, inputs, constant_inputs, owned, push)
+        checked, notes = _specialize(gm, inputs, constant_inputs, owned, push, MAX_EXTRA_BYTES)
     except Exception as exc:  # noqa: BLE001 - specializing is an optimization: keep the recorded graph
         plain = lift(gm, inputs)
         plain.notes.append(f"not specialized: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
         return plain
+    # the candidate that moves fewer bytes per call (folded products are memory-bound)
+    checked.sort(key=lambda c: c[0])
+    cost, spec = checked[0]
+    spec.notes = notes + [f"{_kind(spec)}: {cost / 1e6:.2f} MB per call"
+                          + "".join(f" (other: {c / 1e6:.2f} MB)" for c, s in checked[1:])]
+    return spec
 
 
-def _specialize(gm, inputs, constant_inputs, owned, push) -> Specialized:
+def candidates(gm: GraphModule, inputs, constant_inputs=(), owned=(), *, push: bool = True,
+               max_extra_bytes: int = MAX_EXTRA_BYTES) -> tuple[list[Specialized], list[str]]:
+    """Every specialization of ``gm`` that agrees with it on ``inputs`` (folding only and, with
+    ``push``, folding with the gather pushed down), and notes on those that could not be built;
+    for a caller that measures them (eager replay) instead of ranking them by bytes moved."""
+    try:
+        checked, notes = _specialize(gm, inputs, constant_inputs, owned, push, max_extra_bytes)
+    except Exception as exc:  # noqa: BLE001 - specializing is an optimization
+        return [], [f"not specialized: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"]
+    for cost, spec in checked:
+        spec.notes = [f"{_kind(spec)}: {cost / 1e6:.2f} MB per call"]
+    return [spec for _, spec in checked], notes
+
+
+def _kind(spec: Specialized) -> str:
+    return "pushed" if spec.pushed else "folded"
+
+
+def _specialize(gm, inputs, constant_inputs, owned, push, max_extra_bytes) -> tuple[list, list[str]]:
     graph = Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     gm = GraphModule(gm, graph)  # a copy of the graph sharing the attribute tensors
@@ -658,7 +682,7 @@ def _specialize(gm, inputs, constant_inputs, owned, push) -> Specialized:
     root = out.args[0]
     if not isinstance(root, Node) or not _is_plain_meta(_val(root)):
         raise _Unsupported("the graph must return one tensor")
-    rw = _Rewriter(gm, inputs, constant_inputs, {id(t) for t in owned})
+    rw = _Rewriter(gm, inputs, constant_inputs, {id(t) for t in owned}, max_extra_bytes)
     with torch.no_grad():
         rw.fold()
     candidates = []
@@ -680,12 +704,7 @@ def _specialize(gm, inputs, constant_inputs, owned, push) -> Specialized:
             rw.notes.append(f"{'push-down' if spec.pushed else 'folding'} disagrees with the recorded graph")
     if not checked:
         raise _Unsupported("; ".join(rw.notes))
-    # the candidate that moves fewer bytes per call (folded products are memory-bound)
-    checked.sort(key=lambda c: c[0])
-    cost, spec = checked[0]
-    spec.notes = rw.notes + [f"{'pushed' if spec.pushed else 'folded'}: {cost / 1e6:.2f} MB per call"
-                             + "".join(f" (other: {c / 1e6:.2f} MB)" for c, s in checked[1:])]
-    return spec
+    return checked, rw.notes
 
 
 class _Sizes(torch.fx.Interpreter):

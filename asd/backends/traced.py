@@ -52,6 +52,8 @@ class Tracing:
         self.owned: tuple = ()
         #: how the compiled graph was obtained (:class:`~asd.backends.compile_cache.CompiledProducts`)
         self.compiled = None
+        #: how the recorded graph is replayed eagerly (:class:`~asd.backends.replay.Replay`)
+        self.replay = None
         self.graphs: dict = {}
         self.stamp = None
         self.calls = 0
@@ -92,18 +94,18 @@ class Tracing:
                     return None
             self.stamp = stamp
         key = (tuple(seeds.shape), seeds.dtype)
-        if self.compile:
-            if x.requires_grad and torch.is_grad_enabled():
-                return None  # compiled kernels record no autograd graph: the transforms do
-            if self.constant_seeds:  # specialized on these seed rows (a chunk of them)
-                key = key + (seeds.data_ptr(), seeds.stride())
+        if self.compile and x.requires_grad and torch.is_grad_enabled():
+            return None  # compiled kernels record no autograd graph: the transforms do
+        if self.constant_seeds:  # specialized on these seed rows (a chunk of them)
+            key = key + (seeds.data_ptr(), seeds.stride())
         graph = self.graphs.get(key)
         if graph is None:
             if self.calls <= (0 if self.compile else self.calls_before):
                 return None
             from torch.fx.experimental.proxy_tensor import make_fx
 
-            from .graph_passes import reuse_buffers, simplify
+            from .graph_passes import simplify
+            from .replay import eager_replay
 
             try:
                 graph = simplify(self._record(make_fx, fn, x, seeds))
@@ -113,7 +115,8 @@ class Tracing:
                     graph = self.compiled = compile_products(graph, x, seeds, constant_seeds=self.constant_seeds,
                                                              owned=self.owned)
                 else:
-                    graph = reuse_buffers(graph)
+                    graph = self.replay = eager_replay(graph, x, seeds, constant_seeds=self.constant_seeds,
+                                                       owned=self.owned)
                 out = graph(x, seeds)
             except Exception as exc:  # noqa: BLE001 - not traceable: keep the transforms
                 self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"

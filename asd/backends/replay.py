@@ -1,0 +1,199 @@
+"""Eager replay of a recorded products graph: the fastest exact variant, measured.
+
+A recorded graph (:mod:`asd.backends.traced`) still computes, on every call, what depends on the
+operator's constants only (the stencil applied to the seed rows in a JVP) and every product the
+gather then throws away. :mod:`asd.backends.specialize` removes both for the compiler; eager
+replay uses the same rewritings when they pay off without one. The variants are
+
+* the recorded graph (dead intermediates reused, :func:`~asd.backends.graph_passes.reuse_buffers`),
+* the graph with the constant-only operations folded,
+* folded, with the gather pushed into the elementwise products,
+
+and a variant is a candidate only if it returns the recorded graph's bits exactly on the example
+inputs (the same ATen operations on the same operands). Each candidate is timed on them and the
+fastest is kept: whether fewer operations on gathered operands beat more operations on contiguous
+ones depends on the sizes and the machine. Only calls that record no autograd graph use a
+specialized variant (its folded constants would hide nothing, but the recorded graph is the one
+measured against the transforms' gradients).
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+__all__ = ["Replay", "eager_replay", "MAX_EAGER_EXTRA_BYTES", "TIMING_ROUNDS"]
+
+#: folded constants an eager operator may keep beyond the constants they are computed from
+MAX_EAGER_EXTRA_BYTES = 64 << 20
+#: timed calls of each candidate (the fastest of them counts)
+TIMING_ROUNDS = 5
+#: folding is tried when operations reading only constants compute at least this share of the
+#: elements the graph computes (building the variants costs up to a second for 10^5 unknowns)
+MIN_FOLDED_SHARE = 0.2
+#: the gather is pushed down when it keeps at most this share of the products
+MAX_GATHERED_SHARE = 0.75
+
+
+@dataclass(eq=False)
+class Replay:
+    """Runs a recorded graph eagerly: ``fast`` where no gradient is recorded, ``plain`` otherwise."""
+
+    plain: Callable
+    fast: Callable
+    #: which variant ``fast`` is, and what was measured (seconds, fastest of the timed calls)
+    chosen: str = "recorded"
+    timings: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    def __call__(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad and torch.is_grad_enabled():
+            return self.plain(x, seeds)
+        return self.fast(x, seeds)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+            and bool(torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.nan_to_num(0.5), b.nan_to_num(0.5))
+                                           and torch.equal(a.isnan(), b.isnan()))))
+
+
+def _seconds(fn: Callable, x, seeds) -> float:
+    t0 = time.perf_counter()
+    fn(x, seeds)
+    return time.perf_counter() - t0
+
+
+def _index_select(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Gathers of one index (``_unsafe_index``, for the compiler) as ``index_select``: the eager
+    kernel of ``_unsafe_index`` is advanced indexing, about ten times slower on the CPU."""
+    aten = torch.ops.aten
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is aten._unsafe_index.Tensor:
+            src, indices = node.args
+            dims = [i for i, a in enumerate(indices) if a is not None]
+            if len(dims) == 1 and dims[0] == len(indices) - 1:
+                node.target = aten.index_select.default
+                node.args = (src, dims[0], indices[dims[0]])
+    gm.recompile()
+    return gm
+
+
+def _runner(spec, example: list) -> Callable:
+    from .graph_passes import reuse_buffers
+
+    gm = reuse_buffers(_with_tensor_meta(_index_select(spec.gm), example))
+    runtime, extras = spec.runtime, spec.extras
+
+    def run(x, seeds, _gm=gm, _runtime=runtime, _extras=extras):
+        inputs = (x, seeds)
+        return _gm(*[inputs[i] for i in _runtime], *_extras)
+
+    return run
+
+
+def _with_tensor_meta(gm, args):
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    with torch.no_grad():
+        ShapeProp(gm).propagate(*args)
+    return gm
+
+
+def _prospects(gm: torch.fx.GraphModule, constant_inputs, owned) -> tuple[float, float]:
+    """``(folded share, gathered share)``: the share of the elements the graph computes that read
+    only constants, and the share of the products the final gather keeps (1 without one); read off
+    the recorded shapes without running anything."""
+    from torch.fx import Node
+    from torch.utils._pytree import tree_flatten
+
+    from .specialize import _ALIASES
+
+    aten = torch.ops.aten
+    owned_ids = {id(t) for t in owned}
+    const: set = set()
+    folded = total = 0
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    const.update(phs[i] for i in constant_inputs)
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and id(getattr(gm, node.target, None)) in owned_ids:
+            const.add(node)
+        if node.op != "call_function":
+            continue
+        ins = [a for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, Node)]
+        val = node.meta.get("val")
+        numel = val.numel() if isinstance(val, torch.Tensor) else 0
+        view = node.target is operator.getitem or getattr(node.target, "overloadpacket", None) in _ALIASES
+        if ins and all(a in const for a in ins):
+            const.add(node)
+            folded += 0 if view else numel
+        total += 0 if view else numel
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
+    while isinstance(out, Node) and out.op == "call_function" and out.target in (aten.reshape.default, aten.view.default):
+        out = out.args[0]
+    gathered = 1.0
+    if (isinstance(out, Node) and out.op == "call_function"
+            and out.target in (aten.index_select.default, aten._unsafe_index.Tensor)):
+        src, val = out.args[0].meta.get("val"), out.meta.get("val")
+        if isinstance(src, torch.Tensor) and isinstance(val, torch.Tensor) and src.numel():
+            gathered = val.numel() / src.numel()
+    return (folded / total if total else 0.0), gathered
+
+
+def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor, *, constant_seeds: bool,
+                 owned=()) -> Replay:
+    """The fastest exact eager replay of the recorded graph ``gm(x, seeds)`` (see the module)."""
+    from .graph_passes import reuse_buffers
+    from .specialize import candidates, functional
+
+    variants: dict[str, Callable] = {}
+    notes: list[str] = []
+    constants = [1] if constant_seeds else []
+    fold, push = False, False
+    if x.device.type == "cpu" and (constant_seeds or owned):
+        share, gathered = _prospects(gm, constants, owned)
+        fold, push = share >= MIN_FOLDED_SHARE, gathered <= MAX_GATHERED_SHARE
+        if not (fold or push):
+            notes.append(f"not specialized: {share:.0%} of the work folds, the gather keeps {gathered:.0%}")
+    if fold or push:
+        with torch.no_grad():
+            want = gm(x, seeds)
+        try:
+            flat = functional(gm, [x, seeds])
+            specs, more = candidates(flat, [x, seeds], constant_inputs=constants, owned=owned, push=push,
+                                     max_extra_bytes=MAX_EAGER_EXTRA_BYTES)
+            notes += more
+        except Exception as exc:  # noqa: BLE001 - an optimization: the recorded graph stays
+            specs = []
+            notes.append(f"not specialized: {type(exc).__name__}")
+        for spec in specs:
+            try:
+                run = _runner(spec, spec.arguments([x, seeds]))
+                with torch.no_grad():
+                    got = run(x, seeds)
+            except Exception as exc:  # noqa: BLE001
+                notes.append(f"{'pushed' if spec.pushed else 'folded'}: {type(exc).__name__}")
+                continue
+            if _same(got, want):
+                run.variant = "pushed" if spec.pushed else "folded"
+                variants[run.variant] = run
+            else:
+                notes.append(f"{'pushed' if spec.pushed else 'folded'}: not the recorded graph's bits")
+    plain = reuse_buffers(gm)
+    plain.variant = "recorded"
+    if not variants:
+        return Replay(plain, plain, notes=notes)
+    variants = {"recorded": plain, **variants}
+    timings = {name: float("inf") for name in variants}
+    with torch.no_grad():
+        for name, run in variants.items():
+            run(x, seeds)  # first touch of its buffers
+        for _ in range(TIMING_ROUNDS):  # interleaved: a busy moment hits every candidate alike
+            for name, run in variants.items():
+                timings[name] = min(timings[name], _seconds(run, x, seeds))
+    chosen = min(timings, key=timings.get)
+    return Replay(plain, variants[chosen], chosen=chosen, timings=timings, notes=notes)

@@ -84,13 +84,30 @@ class _Fingerprint:
                 names)
 
     def __call__(self, obj, depth: int = 0):
+        # exact built-in types first, each answered as its branch below answers it: the guard of a
+        # traced graph runs this on every call, and isinstance(obj, torch.Tensor) is slow
+        t = type(obj)
+        if t is float or t is complex:
+            return obj if self.values else t.__name__
+        if obj is None or t is int or t is bool or t is str:
+            return obj
+        if depth > _MAX_DEPTH:
+            self.complete = False
+            return ("deep", t.__qualname__, id(obj))
+        if t is tuple or t is list:
+            return (t.__name__, len(obj)) + tuple(self(v, depth + 1) for v in obj[:_MAX_ITEMS])
+        if t is types.FunctionType:
+            return self.function(obj, depth)
+        if t is dict:
+            return ("dict", len(obj)) + tuple((self(k, depth + 1), self(v, depth + 1))
+                                              for k, v in list(obj.items())[:_MAX_ITEMS])
+        return self._general(obj, depth)
+
+    def _general(self, obj, depth: int):
         if isinstance(obj, (float, complex)):
             return obj if self.values else type(obj).__name__
         if obj is None or isinstance(obj, (bool, int, str, bytes)):
             return obj
-        if depth > _MAX_DEPTH:
-            self.complete = False
-            return ("deep", type(obj).__qualname__, id(obj))
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj)
         if isinstance(obj, np.ndarray):

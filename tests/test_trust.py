@@ -389,3 +389,38 @@ def test_the_probe_leaves_module_state_as_one_call_does():
     (n_plain, d_plain), (n_checked, d_checked) = run(False), run(True)
     assert n_checked == n_plain
     torch.testing.assert_close(d_checked, d_plain)
+
+
+def test_fingerprint_fast_path_answers_as_the_general_one():
+    """The exact-type fast path of the fingerprint (run by every traced call's guard) gives what
+    the general isinstance chain gives, for exact built-ins and for their subclasses."""
+    import collections
+    import math
+
+    from asd.cache import _Fingerprint
+
+    Point = collections.namedtuple("Point", "a b")
+    w = torch.randn(3, dtype=torch.float64)
+    idx = torch.tensor([2, 0, 1])
+    scale = 2.5
+
+    def inner(z):
+        return z * scale + w[idx].sum()
+
+    def outer(z, k=3, *, m=np.float64(0.5)):
+        return inner(z) * k * m + math.pi
+
+    class Holder:
+        def __init__(self):
+            self.items = [1, 2.0, "s", None, True, b"b", 1 + 2j]
+
+    objects = [1.5, 3, True, None, "s", b"bytes", 2 - 1j, np.float64(1.5), np.int64(4), Point(1, 2.0),
+               [1, [2.0, (3, {"a": 4.0})]], {"k": [1.5], 2: (None,)}, (), [], {}, inner, outer,
+               (outer, ((), {})), Holder(), torch.nn.Linear(2, 2), w, idx, np.arange(4), math, torch.float64,
+               [[[[[[1.0]]]]]]]
+    for values in (False, True):
+        for obj in objects:
+            fast = _Fingerprint(values)
+            general = _Fingerprint(values)
+            assert fast(obj) == general._general(obj, 0), obj
+            assert fast.complete == general.complete, obj

@@ -167,6 +167,35 @@ def test_specialized_graphs_compute_what_the_recorded_ones_do(f):
         torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
 
 
+def test_a_rewriting_that_reads_wrong_elements_is_refused_at_a_symmetric_example(monkeypatch):
+    """At x = ones a rewritten graph reading x reversed agrees with the recorded one; the check at a
+    random point near the example refuses it (the recorded graph is kept, lifted)."""
+    from asd.backends import specialize as spec_module
+
+    real = spec_module._candidate
+
+    def reversed_input(rw, root, push):
+        spec = real(rw, root, push)
+        gm = spec.gm
+        ph = next(n for n in gm.graph.nodes if n.op == "placeholder")
+        with gm.graph.inserting_after(ph):
+            flipped = gm.graph.call_function(torch.ops.aten.flip.default, (ph, [0]))
+        ph.replace_all_uses_with(flipped, delete_user_cb=lambda user: user is not flipped)
+        gm.recompile()
+        return spec
+
+    monkeypatch.setattr(spec_module, "_candidate", reversed_input)
+    x = torch.ones(36, dtype=torch.float64)
+    seeds = torch.zeros(4, 36, dtype=torch.float64)
+    seeds[torch.arange(36) % 4, torch.arange(36)] = 1.0
+    index = torch.arange(0, 4 * 34, 3)
+    gm = functional(_recorded(_stencil, x, seeds, index), [x, seeds])
+    spec = specialize(gm, [x, seeds], constant_inputs=[1], owned=[index])
+    assert spec.runtime == [0, 1] and any("disagrees" in n for n in spec.notes), spec.notes
+    z = torch.randn(36, dtype=torch.float64)
+    torch.testing.assert_close(spec.gm(*spec.arguments([z, seeds])), gm(z, seeds), rtol=0, atol=0)
+
+
 def test_graphs_that_write_in_place_are_only_lifted():
     def fn(a, s):
         y = a * 2

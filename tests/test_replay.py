@@ -144,3 +144,31 @@ def test_unsafe_index_becomes_index_select_for_eager_replay():
     assert torch.ops.aten.index_select.default in targets
     assert torch.ops.aten._unsafe_index.Tensor not in targets
     assert torch.equal(gm(a, i), a.reshape(-1)[i])
+
+
+def test_a_variant_reading_wrong_elements_is_refused_at_a_symmetric_example(monkeypatch):
+    """Prepared at x = ones, a variant that reads x reversed gives the recorded bits there; the
+    second, random point refuses it."""
+    from asd.backends import specialize
+
+    real = specialize.candidates
+
+    def reversed_input(*a, **kw):
+        specs, notes = real(*a, **kw)
+        for spec in specs:
+            gm = spec.gm
+            ph = next(n for n in gm.graph.nodes if n.op == "placeholder")
+            with gm.graph.inserting_after(ph):
+                flipped = gm.graph.call_function(torch.ops.aten.flip.default, (ph, [0]))
+            ph.replace_all_uses_with(flipped, delete_user_cb=lambda user: user is not flipped)
+            gm.recompile()
+        return specs, notes
+
+    monkeypatch.setattr(specialize, "candidates", reversed_input)
+    f = brusselator(5)
+    x = torch.ones(50, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, mode="forward", check=False)
+    r = _settled(op, x)
+    assert r.chosen == "recorded" and any("bits" in n for n in r.notes), r.notes
+    x2 = brusselator_input(5)
+    assert torch.equal(op.values(x2), _reference(f, x2, mode="forward"))

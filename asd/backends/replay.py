@@ -10,9 +10,9 @@ replay uses the same rewritings when they pay off without one. The variants are
 * folded, with the gather pushed into the elementwise products,
 
 and a variant is a candidate only if it returns the recorded graph's bits exactly on the example
-inputs (the same ATen operations on the same operands). Each candidate is timed on them and the
-fastest is kept: whether fewer operations on gathered operands beat more operations on contiguous
-ones depends on the sizes and the machine. Only calls that record no autograd graph use a
+input and on a random point near it (the same ATen operations on the same operands). Each
+candidate is timed and the fastest is kept: whether fewer operations on gathered operands beat
+more operations on contiguous ones depends on the sizes and the machine. Only calls that record no autograd graph use a
 specialized variant (its folded constants would hide nothing, but the recorded graph is the one
 measured against the transforms' gradients).
 """
@@ -148,7 +148,7 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
                  owned=()) -> Replay:
     """The fastest exact eager replay of the recorded graph ``gm(x, seeds)`` (see the module)."""
     from .graph_passes import reuse_buffers
-    from .specialize import candidates, functional
+    from .specialize import candidates, functional, nearby
 
     variants: dict[str, Callable] = {}
     notes: list[str] = []
@@ -160,8 +160,9 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
         if not (fold or push):
             notes.append(f"not specialized: {share:.0%} of the work folds, the gather keeps {gathered:.0%}")
     if fold or push:
+        points = [x, nearby([x])[0]]
         with torch.no_grad():
-            want = gm(x, seeds)
+            wants = [gm(p, seeds) for p in points]
         try:
             flat = functional(gm, [x, seeds])
             specs, more = candidates(flat, [x, seeds], constant_inputs=constants, owned=owned, push=push,
@@ -174,11 +175,11 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
             try:
                 run = _runner(spec, spec.arguments([x, seeds]))
                 with torch.no_grad():
-                    got = run(x, seeds)
+                    got = [run(p, seeds) for p in points]
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"{'pushed' if spec.pushed else 'folded'}: {type(exc).__name__}")
                 continue
-            if _same(got, want):
+            if all(_same(a, b) for a, b in zip(got, wants)):
                 run.variant = "pushed" if spec.pushed else "folded"
                 variants[run.variant] = run
             else:

@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install "$(TORCH_SPEC)"
-	$(PY) -m pip install -e ".[test,jax]"
+	$(PY) -m pip install -e ".[test,jax,ipopt]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -12,7 +12,7 @@ import torch
 from .detection.jacobian import check_input
 from .cache import CACHE, cache_key
 from .errors import CheckError, InputError, StalePatternWarning
-from .operators import SparseHessian, SparseJacobian
+from .operators import SparseHessian, SparseJacobian, example_input
 from .options import check_bool
 
 
@@ -71,6 +71,7 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
     """The (cached) operator for ``f`` at ``x`` and its evaluation ``evaluate(op, x)`` (default: the
     CSR values). A cache hit is validated by the cross-mode probe; when it fails, the operator is
     prepared again with a :class:`asd.StalePatternWarning`."""
+    x = example_input(x)
     check_input(x)
     args, kwargs = options.pop("args", ()), options.pop("kwargs", None) or {}
     if not isinstance(args, tuple):

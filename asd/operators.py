@@ -14,6 +14,7 @@ import time
 import warnings
 from typing import Callable
 
+import numpy as np
 import torch
 
 from .backends import HVP_BACKENDS, Backend, BatchedProducts, default_backend, flatten_function, scalar_function
@@ -69,9 +70,15 @@ def _warn_if_dense(coloring, pattern: SparsityPattern) -> None:
     if nv >= 8 and coloring.ncolors > DENSE_WARNING_FRACTION * nv:
         hint = ("coloring='bidirectional' reads dense rows and columns from the other mode; " if
                 isinstance(coloring, (ColumnColoring, RowColoring)) else "")
+        what = "columns" if nv == pattern.shape[1] else "rows"
+        if coloring.order == "dense":  # asd.coloring.hopeless: not colored at all
+            advice = (f"the coloring was skipped and asd evaluates dense AD, one product per {what[:-1]} "
+                      f"(as torch.func.jacrev/jacfwd would); {hint}where the density comes from a dense constant "
+                      "with zeros (an adjacency matrix), local=True reads its values")
+        else:
+            advice = f"{hint}dense AD (torch.func.jacrev/jacfwd) costs about the same"
         warnings.warn(f"asd: the {coloring.problem} coloring needs {coloring.ncolors} products for {nv} "
-                      f"{'columns' if nv == pattern.shape[1] else 'rows'} (density {pattern.density:.2g}): "
-                      f"compression barely pays; {hint}dense AD (torch.func.jacrev/jacfwd) costs about the same",
+                      f"{what} (density {pattern.density:.2g}): compression barely pays; {advice}",
                       RuntimeWarning, stacklevel=4)
 
 
@@ -106,6 +113,26 @@ def check_context(x: torch.Tensor) -> None:
     if x.device.type in ("cpu", "cuda", "xpu", "mps") and torch.is_autocast_enabled(x.device.type):
         warnings.warn(f"asd: called inside torch.autocast: the derivative is computed in the autocast precision "
                       f"({torch.get_autocast_dtype(x.device.type)}), not in {x.dtype}", RuntimeWarning, stacklevel=4)
+
+
+def example_input(x):
+    """The example input of a prepared operator: a tensor as it is, a real numpy array (SciPy's
+    callbacks pass them) as a tensor of its dtype (float64 for integers and booleans)."""
+    if isinstance(x, np.ndarray) and (x.dtype.kind in "biuf"):
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=x.dtype if x.dtype.kind == "f" else np.float64))
+    return x
+
+
+def call_input(x, shape, dtype, device):
+    """A call's input: a tensor as it is; a real numpy array as a tensor of the operator's dtype and
+    device, reshaped to its input shape when it has that many elements (SciPy passes flat arrays)."""
+    if isinstance(x, np.ndarray) and (x.dtype.kind in "biuf"):
+        t = torch.as_tensor(x, dtype=dtype, device=device)
+        n = 1
+        for d in shape:
+            n *= d
+        return t.reshape(shape) if t.numel() == n else t
+    return x
 
 
 def _check_call_input(x, shape, dtype, device, what: str) -> None:
@@ -380,8 +407,11 @@ class _SparseOperator:
                 xr.requires_grad_(True)
             self._g(xr)
 
-    def _check(self, x) -> None:
+    def _check(self, x) -> torch.Tensor:
+        """``x`` checked against the prepared shape, dtype and device (a numpy array converted)."""
+        x = call_input(x, self.shape, self.dtype, self.device)
         _check_call_input(x, self.shape, self.dtype, self.device, self._what)
+        return x
 
     @property
     def ncolors(self) -> int:
@@ -390,12 +420,15 @@ class _SparseOperator:
 
     def compressed(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         """The flat compressed product (batch-first layout of the coloring's plan)."""
-        self._check(x)
+        x = self._check(x)
         call_args, _ = self._call_with(args, kwargs)
         return self._evaluate(lambda backend, state, dec, xf: backend.compute(state, xf), x, call_args)
 
     def values(self, x: torch.Tensor, *args, out: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure.
+
+        ``x`` is a tensor of the prepared shape, dtype and device, or a numpy array (what SciPy's
+        callbacks pass), converted to them (a flat array of the right size is reshaped).
 
         ``args``/``kwargs`` are ``f``'s extra, non-differentiated arguments (default: those given at
         preparation). With ``check=True`` (or ``"first"`` on the first call), or extra arguments that
@@ -409,7 +442,7 @@ class _SparseOperator:
         require grad, call without ``out`` or under ``torch.no_grad()``. (``out`` is asd's keyword: an
         ``out`` argument of ``f`` itself can only be given at preparation, ``kwargs=``.)
         """
-        self._check(x)
+        x = self._check(x)
         if out is not None:
             self._check_out_values(out)
         call_args, changed = self._call_with(args, kwargs)
@@ -470,7 +503,7 @@ class _SparseOperator:
         derivative disagrees with the matrix-free product beyond rounding (a pattern that does not
         hold at ``x``, a function changed since preparation, or a wrong AD formula in PyTorch).
         """
-        self._check(x)
+        x = self._check(x)
         call_args, _ = self._call_with(args, kwargs or {})
         return self._probe(x, values, call_args)
 
@@ -606,6 +639,7 @@ class SparseJacobian(_SparseOperator):
                  trace: bool | None = None):
         from .detection import jacobian_pattern
 
+        x = example_input(x)  # a numpy array as a tensor
         self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
                          kwargs=kwargs)
         fx = self._bound(f)
@@ -728,6 +762,7 @@ class SparseHessian(_SparseOperator):
         from .coloring import symmetric_pattern
         from .detection import hessian_pattern
 
+        x = example_input(x)  # a numpy array as a tensor
         self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
                          kwargs=kwargs)
         fx = self._bound(f)
@@ -783,7 +818,7 @@ class SparseHessian(_SparseOperator):
 
         The gradient has ``x``'s shape; the Hessian is ``torch.sparse_csr``.
         """
-        self._check(x)
+        x = self._check(x)
         call_args, changed = self._call_with(args, kwargs)
         one_pass = (self._settled and self.ncolors > 0 and not self._warming(x)
                     and isinstance(getattr(self.backend, "inner", self.backend), ForwardOverReverseHVP))

@@ -9,7 +9,7 @@ Hessians, numpy gradients and Hessian-vector products)::
     least_squares(asd.scipy.fun(r), x0, jac=asd.scipy.jac(r, x0))
     minimize(asd.scipy.fun(f), x0, jac=asd.scipy.grad(f, x0), hess=asd.scipy.hess(f, x0), method="trust-constr")
     minimize(asd.scipy.fun(f), x0, jac=asd.scipy.grad(f, x0), hessp=asd.scipy.hessp(f, x0), method="trust-krylov")
-    root(asd.scipy.fun(F), x0, jac=asd.scipy.jac(F, x0))
+    root(asd.scipy.fun(F), x0, jac=asd.scipy.jac(F, x0, dense=True))   # MINPACK takes dense Jacobians
 
 ``argnum`` says which argument of ``f`` is differentiated (``solve_ivp`` calls ``jac(t, y)``:
 ``argnum=1``); the other arguments are passed through unchanged (numpy scalars and arrays are
@@ -26,6 +26,7 @@ import scipy.sparse as sp
 import torch
 
 from .operators import SparseHessian, SparseJacobian
+from .options import check_bool
 
 __all__ = ["fun", "jac", "grad", "hess", "hessp", "csr"]
 
@@ -83,11 +84,15 @@ def fun(f: Callable, *, argnum: int = 0, dtype=torch.float64, device="cpu") -> C
 
 
 def jac(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.float64, device="cpu",
-        **options) -> Callable:
+        dense: bool = False, **options) -> Callable:
     """A Jacobian callable for SciPy: ``jac(*call_args) -> scipy.sparse.csr_array`` of ``f`` with
     respect to the argument at ``argnum`` (shaped like ``x0``). ``args`` are example values of the
     other arguments, used to detect the pattern (default: SciPy passes them at call time; for
-    ``solve_ivp`` give ``args=(t0,)``). ``options`` go to :class:`asd.SparseJacobian`."""
+    ``solve_ivp`` give ``args=(t0,)``). ``dense=True`` returns the same Jacobian as a dense numpy
+    array, for the solvers that take no sparse one (``root``'s MINPACK methods ``hybr`` and ``lm``,
+    ``solve_ivp``'s ``LSODA``); it is still computed sparsely. ``options`` go to
+    :class:`asd.SparseJacobian`."""
+    check_bool("dense", dense)
     x = _example(x0, dtype, device)
     ad = _Adapter(f, argnum, x.shape, dtype, device)
     others = tuple(ad.other(a) for a in args) if args else ((0.0,) * argnum)
@@ -95,21 +100,34 @@ def jac(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.float
 
     def jacobian(*call_args):
         z, o = ad.split(call_args)
-        return csr(op, op.values(ad.tensor(z), *o))
+        J = csr(op, op.values(ad.tensor(z), *o))
+        return J.toarray() if dense else J
     jacobian.operator = op
     return jacobian
 
 
+def _key_of(a):
+    """What identifies an extra argument's value (``repr`` abbreviates large tensors)."""
+    if isinstance(a, torch.Tensor):
+        t = a.detach().cpu().resolve_conj().resolve_neg()
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.to(torch.float32)
+        return (str(a.dtype), tuple(a.shape), t.numpy().tobytes())
+    return repr(a)
+
+
 class _Scalar:
-    """Value, gradient and Hessian of a scalar ``f`` at the last ``x``, each computed once and only
-    when asked for (L-BFGS-B never pays for a Hessian)."""
+    """Value and gradient of a scalar ``f`` at the last ``x`` they were asked at, and its Hessian at
+    the last ``x`` it was asked at, each computed once and only when asked for (L-BFGS-B never pays
+    for a Hessian). The two are kept apart: a trust-region method that evaluates ``f`` at a trial
+    point and rejects it asks for the Hessian at the old point again, which is still there."""
 
     def __init__(self, f: Callable, x0, argnum: int, args: tuple, dtype, device, options: dict):
         x = _example(x0, dtype, device)
         self.ad = _Adapter(f, argnum, x.shape, dtype, device)
         self.others0 = tuple(self.ad.other(a) for a in args)
         self.x0, self.options, self._op = x, options, None
-        self._key = self._value = self._grad = self._hess = None
+        self._vg = self._hess = None  # (key, value, gradient), (key, Hessian)
 
     @property
     def op(self) -> SparseHessian:
@@ -120,24 +138,22 @@ class _Scalar:
 
     def _at(self, call_args):
         z, others = self.ad.split(call_args) if call_args else (None, ())
-        key = (np.asarray(z).tobytes(), repr(others))
-        if key != self._key:
-            self._key, self._value, self._grad, self._hess = key, None, None, None
-        return self.ad.tensor(z), others or self.others0
+        key = (np.asarray(z).tobytes(), tuple(_key_of(a) for a in others))
+        return key, self.ad.tensor(z), others or self.others0
 
     def value_and_grad(self, *call_args):
-        x, others = self._at(call_args)
-        if self._grad is None:
+        key, x, others = self._at(call_args)
+        if self._vg is None or self._vg[0] != key:
             g = lambda v: self.ad.of_variable(v, *others).reshape(())  # noqa: E731
             grad, value = torch.func.grad_and_value(g)(x)
-            self._value, self._grad = float(value), grad.detach().reshape(-1).cpu().numpy()
-        return self._value, self._grad
+            self._vg = (key, float(value), grad.detach().reshape(-1).cpu().numpy())
+        return self._vg[1], self._vg[2]
 
     def hessian(self, *call_args) -> sp.csr_array:
-        x, others = self._at(call_args)
-        if self._hess is None:
-            self._hess = csr(self.op, self.op.values(x, *others))
-        return self._hess
+        key, x, others = self._at(call_args)
+        if self._hess is None or self._hess[0] != key:
+            self._hess = (key, csr(self.op, self.op.values(x, *others)))
+        return self._hess[1]
 
 
 def grad(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.float64, device="cpu") -> Callable:

@@ -256,7 +256,9 @@ def test_shape_dtype_device_change_after_prepare():
     with pytest.raises(asd.InputError, match="dtype"):
         op(torch.randn(5, dtype=torch.float32))
     with pytest.raises(asd.InputError, match="torch.Tensor"):
-        op(np.zeros(5))
+        op([0.0] * 5)
+    # a numpy array is converted (issue 16: SciPy's callbacks pass them; see test_scipy_interop)
+    torch.testing.assert_close(op(np.zeros(5)).to_dense(), torch.eye(5, dtype=torch.float64))
 
 
 def test_bad_options():

@@ -167,6 +167,16 @@ def test_dense_adjacency_model_jacobian():
         op = asd.prepare_jacobian(f, X)
     ref = torch.autograd.functional.jacobian(f, X).reshape(240, 240)
     torch.testing.assert_close(op(X).to_dense(), ref)
+    # the size: A 400 x 400 with 1% nonzeros, X 400 x 8 (it took 76 s to color); the
+    # coloring is skipped, the warning says dense AD runs, and the result is exact
+    A = (torch.rand(400, 400, generator=torch.Generator().manual_seed(1)) < 0.01).double()
+    lin = torch.nn.Linear(8, 8).double()
+    X = torch.rand(400, 8, dtype=torch.float64)
+    gcn = lambda X: torch.relu(A @ lin(X))  # noqa: E731
+    with pytest.warns(RuntimeWarning, match="skipped and asd evaluates dense AD.*local=True"):
+        op = asd.prepare_jacobian(gcn, X)
+    assert op.ncolors == 3200 and op.coloring.order == "dense"
+    torch.testing.assert_close(op(X).to_dense(), torch.func.jacrev(gcn)(X).reshape(3200, 3200))
 
 
 @pytest.mark.parametrize("argnums", ["a", 1.5, (0, "b"), [0.0]])

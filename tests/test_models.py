@@ -48,3 +48,55 @@ def test_autocast_warns_about_reduced_precision():
     with pytest.warns(RuntimeWarning, match="autocast"):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             asd.sparse_jacobian(lambda x: x @ x.T, torch.rand(3, 3, dtype=torch.float64), cache=False)
+
+
+# -- issue 16, item 1: under local=True a dense constant's values are known: its zeros are used ------
+
+def _adjacency(n, density, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(n, n, generator=g) < density).double() * torch.rand(n, n, dtype=torch.float64, generator=g)
+
+
+def test_local_tracing_reads_a_dense_adjacency_like_a_sparse_one():
+    """The issue's GCN layer with a dense adjacency: globally A is full (a prepared operator lets its
+    values change), locally its zeros prune the pattern exactly, and the operator compresses."""
+    n = 80
+    A = _adjacency(n, 0.04)
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(6, 6).double()
+    X = torch.rand(n, 6, dtype=torch.float64)
+    f = lambda X: torch.relu(A @ lin(X))  # noqa: E731
+    ref = torch.autograd.functional.jacobian(f, X).reshape(n * 6, n * 6)
+    local = asd.jacobian_sparsity(f, X, local=True)
+    assert (local.toarray() == (ref != 0).numpy()).all()
+    assert asd.jacobian_sparsity(f, X).nnz > 5 * local.nnz
+    op = asd.prepare_jacobian(f, X, local=True)
+    assert op.ncolors < n * 6 // 4
+    torch.testing.assert_close(op(X).to_dense(), ref)
+    # the same through torch.mm, a matrix-vector product and a transposed constant on the right
+    for g in (lambda X: torch.mm(A, X), lambda X: A @ X[:, 0], lambda X: X.T @ A.T):
+        dense = torch.autograd.functional.jacobian(g, X).reshape(-1, n * 6)
+        assert (asd.jacobian_sparsity(g, X, local=True).toarray() == (dense != 0).numpy()).all()
+
+
+def test_local_tracing_reads_a_constant_factor_of_a_product():
+    w = torch.tensor([1.0, 0.0, 2.0, 0.0, 3.0], dtype=torch.float64)
+    x = torch.rand(5, dtype=torch.float64)
+    for f in (lambda x: x * w, lambda x: w * x.sin(), lambda x: x.reshape(5, 1) * w, lambda x: x * 0.0):
+        dense = torch.autograd.functional.jacobian(f, x).reshape(-1, 5)
+        assert (asd.jacobian_sparsity(f, x, local=True).toarray() == (dense != 0).numpy()).all()
+        assert asd.jacobian_sparsity(f, x).nnz > (dense != 0).sum()  # globally the constant is full
+        torch.testing.assert_close(asd.sparse_jacobian(f, x, local=True).to_dense(), dense)
+
+
+def test_local_hessian_of_a_dense_constant_product():
+    n = 40
+    A = _adjacency(n, 0.06, seed=3)
+    f = lambda x: ((A @ x) ** 2).sum()  # noqa: E731 - Hessian 2 A^T A
+    x = torch.rand(n, dtype=torch.float64)
+    ref = torch.autograd.functional.hessian(f, x)
+    P = asd.hessian_sparsity(f, x, local=True).toarray()
+    structural = ((A != 0).double().T @ (A != 0).double() != 0).numpy()
+    assert (P == structural).all() and not ((ref != 0).numpy() & ~P).any()
+    assert asd.hessian_sparsity(f, x).nnz == n * n
+    torch.testing.assert_close(asd.sparse_hessian(f, x, local=True).to_dense(), ref)

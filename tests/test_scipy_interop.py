@@ -97,9 +97,16 @@ def test_least_squares_and_root():
     def F(x):
         return torch.cat([x[:1] - 2, x[1:] - 0.5 * x[:-1] ** 2])
 
-    sol = so.root(asd.scipy.fun(F), np.ones(6), jac=lambda z: asd.scipy.jac(F, np.ones(6))(z).toarray())
-    assert sol.success
-    np.testing.assert_allclose(F(torch.tensor(sol.x)).numpy(), 0, atol=1e-10)
+    # root's MINPACK methods take dense Jacobians only: one prepared operator, dense=True
+    jac = asd.scipy.jac(F, np.ones(6), dense=True)
+    J = jac(np.full(6, 0.3))
+    assert isinstance(J, np.ndarray)
+    dense = torch.autograd.functional.jacobian(F, torch.full((6,), 0.3, dtype=torch.float64))
+    np.testing.assert_allclose(J, dense.numpy())
+    for method in ("hybr", "lm"):
+        sol = so.root(asd.scipy.fun(F), np.ones(6), jac=jac, method=method)
+        assert sol.success
+        np.testing.assert_allclose(F(torch.tensor(sol.x)).numpy(), 0, atol=1e-10)
 
 
 def test_hess_and_hessp_callables_with_extra_args():
@@ -115,3 +122,124 @@ def test_hess_and_hessp_callables_with_extra_args():
     res = so.minimize(asd.scipy.fun(f), x0, args=(100.0,), jac=asd.scipy.grad(f, x0, args=(100.0,)),
                       hessp=asd.scipy.hessp(f, x0, args=(100.0,)), method="trust-krylov", tol=1e-10)
     np.testing.assert_allclose(res.x, np.ones(8), atol=1e-5)
+    hess = asd.scipy.hess(f, x0, args=(100.0,))
+    res = so.minimize(asd.scipy.fun(f), x0, args=(100.0,), jac=asd.scipy.grad(f, x0, args=(100.0,)), hess=hess,
+                      method="trust-constr", tol=1e-12)
+    np.testing.assert_allclose(res.x, np.ones(8), atol=1e-5)
+    assert res.nhev > 0 and sp.issparse(hess(res.x, 100.0))  # the sparse Hessian went to SciPy
+
+
+# -- every Hessian method gets asd's exact Hessian, computed once per point ------------------------
+
+@pytest.mark.parametrize("method", HESSIAN_METHODS)
+def test_hessian_methods_use_the_exact_hessian_once_per_point(method, monkeypatch):
+    """The Hessian (or hessp) reaches the method - Newton-CG and trust-constr would otherwise fall
+    back to finite differences or quasi-Newton updates - and is evaluated once per point however
+    often the method asks (trust-ncg/krylov call hessp many times per point)."""
+    evaluated = []
+    real = asd.SparseHessian.values
+    monkeypatch.setattr(asd.SparseHessian, "values",
+                        lambda self, x, *a, **k: evaluated.append(x.detach().clone()) or real(self, x, *a, **k))
+    asked = []
+    real_hessian = asd.scipy._Scalar.hessian
+    monkeypatch.setattr(asd.scipy._Scalar, "hessian", lambda self, *a: asked.append(1) or real_hessian(self, *a))
+    if method == "dogleg":
+        f = lambda x: ((x - 1) ** 2).sum() + 0.1 * (x[1:] * x[:-1]).sum() + (x ** 4).sum() * 0.01  # noqa: E731
+        x0 = np.zeros(12)
+    else:
+        f, x0 = rosenbrock, np.full(12, 0.5)
+    res = minimize(f, x0, method=method, tol=1e-10)
+    assert evaluated, "the method never received asd's Hessian"
+    points = {x.numpy().tobytes() for x in evaluated}
+    assert len(points) == len(evaluated) <= len(asked)
+    ref = torch.func.hessian(f)(torch.tensor(res.x)).numpy()
+    np.testing.assert_allclose(asd.scipy.hess(f, x0)(res.x).toarray(), ref, atol=1e-12)
+
+
+def test_value_gradient_and_hessian_are_reused_at_the_same_point():
+    count = {"f": 0, "H": 0}
+
+    def f(x):
+        count["f"] += 1
+        return rosenbrock(x)
+
+    s = asd.scipy._Scalar(f, np.full(6, 0.3), 0, (), torch.float64, "cpu", {})
+    z = np.full(6, 0.7)
+    real = s.op.values
+    s.op.values = lambda *a, **k: count.__setitem__("H", count["H"] + 1) or real(*a, **k)
+    H1, vg1 = s.hessian(z), s.value_and_grad(z)
+    before = dict(count)
+    H2, vg2 = s.hessian(z.copy()), s.value_and_grad(z.copy())
+    assert count == before and H2 is H1 and vg2[0] == vg1[0]
+    dense = torch.func.hessian(rosenbrock)(torch.tensor(z)).numpy()
+    np.testing.assert_allclose(H1.toarray(), dense)
+    s.hessian(z + 0.1)
+    assert count["H"] == before["H"] + 1
+    # a hessp with several vectors at one x: one Hessian
+    hp = asd.scipy.hessp(rosenbrock, z)
+    p, q = np.arange(6.0), np.ones(6)
+    np.testing.assert_allclose(hp(z, p), dense @ p)
+    np.testing.assert_allclose(hp(z, q), dense @ q)
+
+
+def test_extra_argument_arrays_are_compared_whole():
+    """A cached gradient is reused only for the same extra arguments: two large arrays that differ
+    in the middle (which repr abbreviates) are two points."""
+    def f(x, w):
+        return (w * x ** 2).sum()
+
+    x0, w1 = np.ones(3000), np.ones(3000)
+    w2 = w1.copy()
+    w2[1500] = 5.0
+    g = asd.scipy.grad(f, x0, args=(w1,))
+    assert g(x0, w1)[1500] == 2.0 and g(x0, w2)[1500] == 10.0
+
+
+@pytest.mark.parametrize("method", ["L-BFGS-B", "SLSQP", "Newton-CG", "trust-constr", "trust-krylov", "trust-exact",
+                                    "Nelder-Mead"])
+def test_minimize_passes_scipys_args_to_every_callable(method):
+    def f(x, a):
+        return a * ((x[1:] - x[:-1] ** 2) ** 2).sum() + ((1 - x) ** 2).sum()
+
+    x0 = np.full(6, 0.3)
+    options = {"maxiter": 20000, "xatol": 1e-10, "fatol": 1e-14} if method == "Nelder-Mead" else {}
+    res = minimize(f, x0, args=(10.0,), method=method, tol=1e-12, options=options)
+    np.testing.assert_allclose(res.x, np.ones(6), atol=1e-4)
+
+
+def test_least_squares_passes_scipys_args():
+    from asd.solvers import least_squares
+
+    def r(x, a, shift=0.0):
+        return torch.cat([a * (x[1:] - x[:-1] ** 2), 1 + shift - x[:-1]])
+
+    res = least_squares(r, np.full(8, -0.5), args=(10.0,), kwargs={"shift": 0.0}, xtol=1e-14, ftol=1e-14, gtol=1e-14)
+    np.testing.assert_allclose(res.x, np.ones(8), atol=1e-6)
+    dense = torch.autograd.functional.jacobian(lambda z: r(z, 10.0), torch.tensor(res.x))
+    np.testing.assert_allclose(res.jac.toarray(), dense.numpy(), atol=1e-12)
+
+
+# -- prepared operators take numpy input (what SciPy's callbacks pass) -------------------------------
+
+def test_operators_accept_numpy_input():
+    def F(x):
+        return torch.cat([x[:1] ** 2, x[1:] * x[:-1]]).sin()
+
+    x = np.linspace(0.1, 1.0, 7)
+    xt = torch.tensor(x)
+    ref = torch.autograd.functional.jacobian(F, xt)
+    op = asd.prepare_jacobian(F, x)  # a numpy example input: float64
+    assert op.dtype == torch.float64
+    torch.testing.assert_close(op(x).to_dense(), ref)
+    torch.testing.assert_close(op.values(x.astype(np.float32)), op.values(xt), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(asd.sparse_jacobian(F, x).to_dense(), ref)
+    grid = asd.prepare_jacobian(lambda X: F(X.reshape(-1)), xt.reshape(1, 7))
+    torch.testing.assert_close(grid(x).to_dense(), ref)  # a flat array of the right size is reshaped
+    g = lambda z: (F(z) ** 2).sum()  # noqa: E731
+    H = asd.prepare_hessian(g, xt)
+    torch.testing.assert_close(H(x).to_dense(), torch.func.hessian(g)(xt))
+    value, grad, Hs = H.value_grad_hessian(x)
+    torch.testing.assert_close(grad, torch.func.grad(g)(xt))
+    torch.testing.assert_close(asd.sparse_hessian(g, x).to_dense(), torch.func.hessian(g)(xt))
+    with pytest.raises(asd.InputError, match="shape"):
+        op(np.ones(5))

@@ -156,3 +156,33 @@ def test_newton_unreachable_tolerance_in_float32_stops():
     with pytest.warns(asd.ConvergenceWarning, match="below what torch.float32 can reach"):
         res = newton(f, torch.full((4,), 3.0, dtype=torch.float32), tol=1e-12, maxiter=40)
     assert res.status == "stagnated" and res.iterations < 40
+
+
+def test_newton_from_a_point_where_f_is_not_finite_reports_divergence():
+    with pytest.warns(asd.ConvergenceWarning, match="f\\(x0\\) is not finite"):
+        res = newton(torch.log, torch.full((3,), -1.0, dtype=torch.float64))
+    assert res.status == "diverged" and res.iterations == 0 and not res.converged
+
+
+def test_newton_undamped_step_to_an_overflow_reports_divergence():
+    f = lambda x: torch.exp(x) - 1  # noqa: E731 - from x0 = -30 the full Newton step lands near e^30
+    with pytest.warns(asd.ConvergenceWarning, match="no longer finite"):
+        res = newton(f, torch.full((2,), -30.0, dtype=torch.float64), damping=False)
+    assert res.status == "diverged" and res.iterations == 1
+    res = newton(f, torch.full((2,), -8.0, dtype=torch.float64))  # damped, the step is halved: converges to 0
+    assert res.converged
+    torch.testing.assert_close(res.x, torch.zeros(2, dtype=torch.float64), atol=1e-10, rtol=0)
+
+
+def test_newton_undamped_runaway_reports_divergence_early():
+    """Undamped Newton on the cube root doubles |x| (with a sign flip) at every step: the residual
+    climbs forever without overflowing; the iteration stops after DIVERGING_STEPS climbs."""
+    from asd.solvers.newton import DIVERGING_STEPS
+
+    f = lambda x: torch.sign(x) * x.abs() ** (1.0 / 3.0)  # noqa: E731
+    with pytest.warns(asd.ConvergenceWarning, match="grew at each of the last"):
+        res = newton(f, torch.full((3,), 0.5, dtype=torch.float64), damping=False, maxiter=200)
+    assert res.status == "diverged" and res.iterations == DIVERGING_STEPS and not res.converged
+    assert all(b > a for a, b in zip(res.history, res.history[1:]))
+    damped = newton(f, torch.full((3,), 0.5, dtype=torch.float64), maxiter=200)  # halved steps reach the root
+    assert damped.converged and float(damped.x.abs().max()) < 1e-20

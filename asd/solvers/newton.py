@@ -22,7 +22,8 @@ class NewtonResult:
 
     ``status`` is ``"converged"``, ``"maxiter"``, ``"stagnated"`` (no step reduces the residual:
     no solution nearby, or the tolerance is below what the precision can reach), ``"diverged"``
-    (the residual became infinite or NaN) or ``"singular"`` (a singular Jacobian).
+    (the residual became infinite or NaN, or grew at each of :data:`DIVERGING_STEPS` undamped steps)
+    or ``"singular"`` (a singular Jacobian).
     """
 
     x: torch.Tensor
@@ -33,6 +34,11 @@ class NewtonResult:
     jacobian: SparseJacobian | None = None
     status: str = "converged"
     tol: float = 0.0
+
+
+#: undamped steps that each increase the residual before the iteration is declared divergent (near
+#: a root Newton's residual falls; a steady climb is an iterate running away, as x^(1/3) from any x0)
+DIVERGING_STEPS = 8
 
 
 def default_tolerance(dtype: torch.dtype, scale: float = 1.0) -> float:
@@ -101,11 +107,9 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
     history = [norm]
     it = 0
     state, age = None, 0
-    status = "maxiter"
-    while norm > tol and it < maxiter:
-        if not math.isfinite(norm):
-            status = "diverged"
-            break
+    status = "maxiter" if math.isfinite(norm) else "diverged"  # f(x0) not finite: nothing to iterate from
+    runaway = False  # diverged by a steady climb of the residual, not to infinity
+    while norm > tol and it < maxiter and status != "diverged":
         it += 1
         fresh = state is None or age >= refactor_every
         try:
@@ -135,13 +139,17 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
             state = None                       # stale factorization: refresh instead of stepping
             continue
         if not math.isfinite(new_norm):
-            status = "diverged"
+            status, runaway = "diverged", False
             break
         if damping and not new_norm < norm:
             status = "stagnated"               # no step along the Newton direction reduces the residual
             break
         x, r, norm = x_new, r_new, new_norm
         history.append(norm)
+        recent = history[-DIVERGING_STEPS - 1:]
+        if len(recent) > DIVERGING_STEPS and all(b > a for a, b in zip(recent, recent[1:])):
+            status, runaway = "diverged", True
+            break
     converged = norm <= tol
     if converged:
         status = "converged"
@@ -149,7 +157,9 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         why = {"maxiter": f"after {it} iterations",
                "stagnated": f"at iteration {it}: no damped step reduces the residual (no solution nearby, or "
                             f"tol={tol:.1e} is below what {x.dtype} can reach)",
-               "diverged": f"at iteration {it}: the residual is no longer finite",
+               "diverged": ("before the first step: f(x0) is not finite" if not it else
+                            f"at iteration {it}: the residual grew at each of the last {DIVERGING_STEPS} steps"
+                            if runaway else f"at iteration {it}: the residual is no longer finite"),
                "singular": f"at iteration {it}: singular Jacobian"}[status]
         warnings.warn(f"asd.newton stopped {why} with ||f(x)||_inf = {norm:.3e} > tol = {tol:.1e}",
                       ConvergenceWarning, stacklevel=2)

@@ -19,28 +19,37 @@ from ..scipy import csr
 
 
 def _wrap(f: Callable, shape, dtype=torch.float64):
-    def fn(z: np.ndarray) -> torch.Tensor:
-        return f(torch.as_tensor(z, dtype=dtype).reshape(shape))
+    def fn(z: np.ndarray, *args, **kwargs) -> torch.Tensor:
+        return f(torch.as_tensor(z, dtype=dtype).reshape(shape), *args, **kwargs)
     return fn
+
+
+def _scipy_args(args) -> tuple:
+    """SciPy's ``args=``: a tuple of extra arguments, or a single one."""
+    return args if isinstance(args, tuple) else (args,)
 
 
 def least_squares(fun: Callable, x0, **kwargs) -> so.OptimizeResult:
     """``scipy.optimize.least_squares`` with ``jac`` given as an exact sparse Jacobian.
 
-    ``fun`` is a PyTorch function of one tensor shaped like ``x0`` returning a tensor of residuals.
+    ``fun`` is a PyTorch function of one tensor shaped like ``x0`` returning a tensor of residuals
+    (``fun(x, *args, **kwargs)`` with SciPy's ``args=``/``kwargs=``, the Jacobian's extra arguments too).
     Keyword arguments go to SciPy, except ``asd_options`` (a dict for :class:`asd.SparseJacobian`).
     The default method is ``"trf"`` with ``tr_solver="lsmr"``, which uses the sparse Jacobian.
     """
     opts = kwargs.pop("asd_options", {})
-    x0 = torch.as_tensor(x0, dtype=torch.float64)
+    x0 = torch.as_tensor(np.asarray(x0), dtype=torch.float64)
+    if "args" in kwargs:
+        kwargs["args"] = _scipy_args(kwargs["args"])
+    args, fkw = kwargs.get("args", ()), dict(kwargs.get("kwargs", None) or {})
     g = _wrap(fun, x0.shape)
-    J = SparseJacobian(lambda v: fun(v).reshape(-1), x0, **opts)
+    J = SparseJacobian(lambda v, *a, **k: fun(v, *a, **k).reshape(-1), x0, args=args, kwargs=fkw, **opts)
 
-    def residual(z):
-        return g(z).detach().reshape(-1).numpy()
+    def residual(z, *a, **k):
+        return g(z, *a, **k).detach().reshape(-1).numpy()
 
-    def jac(z):
-        return csr(J, J.values(torch.as_tensor(z, dtype=torch.float64).reshape(x0.shape)))
+    def jac(z, *a, **k):
+        return csr(J, J.values(torch.as_tensor(z, dtype=torch.float64).reshape(x0.shape), *a, **k))
 
     kwargs.setdefault("method", "trf")
     kwargs.setdefault("tr_solver", "lsmr")
@@ -64,7 +73,8 @@ def minimize(fun: Callable, x0, *, method: str = "trust-constr", **kwargs) -> so
     ``trust-constr`` and ``Newton-CG``; Hessian-vector products from the cached sparse Hessian for
     ``trust-ncg`` and ``trust-krylov``; a dense Hessian for ``trust-exact`` and ``dogleg`` (for
     ``n <= MAX_DENSE_HESSIAN``). Value and gradient come from one evaluation per point, the Hessian
-    only when the method asks for it, once per point. ``asd_options`` (a dict) goes to
+    only when the method asks for it, once per point. SciPy's ``args=`` are ``fun``'s extra
+    arguments (``fun(x, *args)``) for every callable. ``asd_options`` (a dict) goes to
     :class:`asd.SparseHessian`.
     """
     from .. import scipy as asd_scipy
@@ -72,10 +82,13 @@ def minimize(fun: Callable, x0, *, method: str = "trust-constr", **kwargs) -> so
     opts = kwargs.pop("asd_options", {})
     x0 = torch.as_tensor(np.asarray(x0), dtype=torch.float64)
     n = x0.numel()
-    s = asd_scipy._Scalar(fun, x0, 0, (), torch.float64, "cpu", opts)
+    if "args" in kwargs:
+        kwargs["args"] = _scipy_args(kwargs["args"])
+    s = asd_scipy._Scalar(fun, x0, 0, kwargs.get("args", ()), torch.float64, "cpu", opts)
     name = method.lower() if isinstance(method, str) else ""
     if name in GRADIENT_FREE or not isinstance(method, str):
-        return so.minimize(lambda z: s.value_and_grad(z)[0], x0.reshape(-1).numpy(), method=method, **kwargs)
+        return so.minimize(lambda z, *a: s.value_and_grad(z, *a)[0], x0.reshape(-1).numpy(), method=method,
+                           **kwargs)
     if name in SPARSE_HESS_METHODS:
         kwargs.setdefault("hess", s.hessian)
     elif name in HESSP_METHODS:

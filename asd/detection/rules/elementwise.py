@@ -65,6 +65,33 @@ def broadcast_union(call: Call, skip: tuple[str, ...] = ()) -> list:
     return res
 
 
+def mul_rule(call: Call) -> list:
+    """``self * other``: the union of both operands' sets. Traced locally, an operand's sets are
+    dropped where the other operand is a constant (it depends on no input) equal to zero, as the
+    derivative there is that zero; globally a constant's values may change between calls."""
+    out = call.outs[0]
+    if not call.local or call.func._schema.is_mutable or not is_differentiable_dtype(out.dtype):
+        return broadcast_union(call)
+    b = call.bound()
+    parts = []
+    for a, other in ((b.get("self"), b.get("other")), (b.get("other"), b.get("self"))):
+        s = operand_sets(call, a, out)
+        if s is None:
+            continue
+        if call.sets(other) is not None:
+            parts.append(s)
+            continue
+        if isinstance(other, (int, float, complex)):  # a Python number (bool is an int)
+            parts.append(s if other != 0 else None)
+            continue
+        values = other.primal if isinstance(other, TracedTensor) else other
+        if isinstance(values, torch.Tensor) and not values.is_meta:
+            keep = (values.detach() != 0).cpu().broadcast_to(tuple(out.shape)).reshape(-1).numpy()
+            s = S.take_rows(s, np.where(keep, np.arange(keep.size), -1))
+        parts.append(s)
+    return [S.union(parts, out.numel(), call.n)]
+
+
 def zero(call: Call) -> list:
     """Zero derivative almost everywhere: empty sets."""
     return [None] * len(call.outs)
@@ -225,7 +252,7 @@ register_rule(aten_ops("addcdiv", "addcdiv_"), broadcast_union, second_order="no
               pairs=(("tensor1", "tensor2"), ("tensor2", "tensor2")), family="elementwise")
 register_rule(PIECEWISE_LINEAR, broadcast_union, second_order="linear", family="elementwise")
 register_rule(LINEAR, broadcast_union, second_order="linear", family="elementwise")
-register_rule(aten_ops("mul", "mul_"), broadcast_union, second_order="bilinear", pairs=(("self", "other"),),
+register_rule(aten_ops("mul", "mul_"), mul_rule, second_order="bilinear", pairs=(("self", "other"),),
               family="elementwise")
 register_rule(aten_ops("addcmul", "addcmul_"), broadcast_union, second_order="bilinear",
               pairs=(("tensor1", "tensor2"),), family="elementwise")

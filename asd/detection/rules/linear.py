@@ -4,6 +4,10 @@ Products: ``C[b, i, j]`` depends on ``A[b, i, l]`` and ``B[b, l, j]`` for the ``
 operand is structurally nonzero. Dense operands (traced or constant) are structurally full, so the
 dependence on ``A`` is a row union broadcast over ``j`` (and on ``B`` a column union over ``i``),
 computed in time linear in the sets' size; constants in a torch sparse layout keep their structure.
+Under local tracing a dense 2-D constant (one that depends on no input: a closure tensor, a
+module's weight, a tensor built inside ``f``) is read at its values: its zeros are structural, as a
+sparse layout's are (a GCN's dense adjacency ``A @ H``). Globally it stays full, since a prepared
+operator lets a constant's values change between calls.
 
 Convolutions and pooling: index arithmetic per spatial dimension gives the (output position,
 kernel offset, input position) triples inside the input; channels follow the groups.
@@ -43,13 +47,34 @@ def structure(t) -> sp.csr_matrix | None:
     return m.astype(bool)
 
 
+#: under local tracing, a dense constant's zeros are used when at most this fraction of its entries
+#: is nonzero; a denser one is taken as full (a superset of the local pattern: still sound), since
+#: its masked product costs about its density times the operand's size more than the row unions
+LOCAL_MASK_DENSITY = 0.5
+
+
+def local_structure(call: Call, t) -> sp.csr_matrix | None:
+    """The pattern of ``t`` for a product: :func:`structure`, or, traced locally, the nonzeros of a
+    dense 2-D constant's values (``None``: full)."""
+    mask = structure(t)
+    if mask is not None or not call.local or not isinstance(t, torch.Tensor) or call.sets(t) is not None:
+        return mask
+    values = t.primal if isinstance(t, TracedTensor) else t
+    if values.dim() != 2 or values.is_meta or values.layout != torch.strided:
+        return None
+    nz = (values.detach() != 0).cpu().numpy()
+    if nz.sum() > LOCAL_MASK_DENSITY * nz.size:
+        return None
+    return sp.csr_matrix(nz)
+
+
 def batched_product(call: Call, A, B, out_rows: int, shape3: tuple[int, int, int, int]):
     """Sets of ``A @ B`` with ``A`` of shape (b, m, k) and ``B`` of shape (b, k, p), flattened."""
     b, m, k, p = shape3
     parts = []
     sA, sB = call.sets(A), call.sets(B)
     if sA is not None:
-        mask = structure(B)
+        mask = structure(B) if b != 1 else local_structure(call, B)
         if mask is None:
             groups = np.repeat(np.arange(b * m), k)
             rowu = S.gather_union(sA, groups, np.arange(b * m * k), b * m)
@@ -58,7 +83,7 @@ def batched_product(call: Call, A, B, out_rows: int, shape3: tuple[int, int, int
             D = sp.kron(sp.identity(m, dtype=bool, format="csr"), mask.T.tocsr(), format="csr")
             parts.append(S.matmul(D, sA))
     if sB is not None:
-        mask = structure(A)
+        mask = structure(A) if b != 1 else local_structure(call, A)
         if mask is None:
             groups = (np.arange(b)[:, None, None] * p + np.arange(p)[None, None, :]) + np.zeros((1, k, 1), dtype=np.int64)
             colu = S.gather_union(sB, groups.reshape(-1), np.arange(b * k * p), b * p)

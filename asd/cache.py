@@ -89,11 +89,10 @@ class _Fingerprint:
         t = type(obj)
         if t is float or t is complex:
             return obj if self.values else t.__name__
-        if obj is None or t is int or t is bool or t is str:
+        if obj is None or t is int or t is bool or t is str or t is bytes:
             return obj
         if depth > _MAX_DEPTH:
-            self.complete = False
-            return ("deep", t.__qualname__, id(obj))
+            return self._general(obj, depth)
         if t is tuple or t is list:
             return (t.__name__, len(obj)) + tuple(self(v, depth + 1) for v in obj[:_MAX_ITEMS])
         if t is types.FunctionType:
@@ -108,6 +107,9 @@ class _Fingerprint:
             return obj if self.values else type(obj).__name__
         if obj is None or isinstance(obj, (bool, int, str, bytes)):
             return obj
+        if depth > _MAX_DEPTH:
+            self.complete = False
+            return ("deep", type(obj).__qualname__, id(obj))
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj)
         if isinstance(obj, np.ndarray):

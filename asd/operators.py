@@ -125,13 +125,14 @@ def example_input(x):
 
 def call_input(x, shape, dtype, device):
     """A call's input: a tensor as it is; a real numpy array as a tensor of the operator's dtype and
-    device, reshaped to its input shape when it has that many elements (SciPy passes flat arrays)."""
+    device, a flat one reshaped to the input shape when it has that many elements (SciPy passes flat
+    arrays; an array of another shape is refused by the shape check, as a tensor would be)."""
     if isinstance(x, np.ndarray) and (x.dtype.kind in "biuf"):
         t = torch.as_tensor(x, dtype=dtype, device=device)
         n = 1
         for d in shape:
             n *= d
-        return t.reshape(shape) if t.numel() == n else t
+        return t.reshape(shape) if t.dim() == 1 and t.numel() == n else t
     return x
 
 

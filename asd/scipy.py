@@ -106,14 +106,46 @@ def jac(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.float
     return jacobian
 
 
+class _Unkeyable(Exception):
+    """An extra argument whose value cannot be compared by content (results are then not reused)."""
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    t = t.detach()
+    if t.layout == torch.sparse_coo:
+        return ("coo", tuple(t.shape), _tensor_key(t._indices()), _tensor_key(t._values()))
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return (str(t.layout), tuple(t.shape), _tensor_key(t.crow_indices()), _tensor_key(t.col_indices()),
+                _tensor_key(t.values()))
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return (str(t.layout), tuple(t.shape), _tensor_key(t.ccol_indices()), _tensor_key(t.row_indices()),
+                _tensor_key(t.values()))
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    t = t.cpu().resolve_conj().resolve_neg()
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.to(torch.float32)
+    return ("tensor", str(t.dtype), tuple(t.shape), t.contiguous().numpy().tobytes())
+
+
 def _key_of(a):
-    """What identifies an extra argument's value (``repr`` abbreviates large tensors)."""
+    """What identifies an extra argument's value, by content all the way down (``repr`` abbreviates
+    large arrays and shows plain objects by identity); :class:`_Unkeyable` for anything else."""
+    if a is None or isinstance(a, (bool, int, str, bytes)):
+        return (type(a).__name__, a)
+    if isinstance(a, (float, complex)):
+        return (type(a).__name__, repr(a))  # -0.0 is not 0.0
+    if isinstance(a, np.generic):
+        return ("np", str(a.dtype), a.tobytes())
+    if isinstance(a, np.ndarray) and a.dtype != object:
+        return ("ndarray", str(a.dtype), a.shape, np.ascontiguousarray(a).tobytes())
     if isinstance(a, torch.Tensor):
-        t = a.detach().cpu().resolve_conj().resolve_neg()
-        if t.dtype in (torch.bfloat16, torch.float16):
-            t = t.to(torch.float32)
-        return (str(a.dtype), tuple(a.shape), t.numpy().tobytes())
-    return repr(a)
+        return _tensor_key(a)
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__,) + tuple(_key_of(v) for v in a)
+    if isinstance(a, dict):
+        return ("dict",) + tuple((_key_of(k), _key_of(v)) for k, v in a.items())
+    raise _Unkeyable(type(a).__name__)
 
 
 class _Scalar:
@@ -137,13 +169,18 @@ class _Scalar:
         return self._op
 
     def _at(self, call_args):
+        """``(key, x, others)``; ``key`` is ``None`` (nothing reused) when an argument cannot be
+        compared by content."""
         z, others = self.ad.split(call_args) if call_args else (None, ())
-        key = (np.asarray(z).tobytes(), tuple(_key_of(a) for a in others))
+        try:
+            key = (_key_of(np.asarray(z)), tuple(_key_of(a) for a in others))
+        except _Unkeyable:
+            key = None
         return key, self.ad.tensor(z), others or self.others0
 
     def value_and_grad(self, *call_args):
         key, x, others = self._at(call_args)
-        if self._vg is None or self._vg[0] != key:
+        if key is None or self._vg is None or self._vg[0] != key:
             g = lambda v: self.ad.of_variable(v, *others).reshape(())  # noqa: E731
             grad, value = torch.func.grad_and_value(g)(x)
             self._vg = (key, float(value), grad.detach().reshape(-1).cpu().numpy())
@@ -151,7 +188,7 @@ class _Scalar:
 
     def hessian(self, *call_args) -> sp.csr_array:
         key, x, others = self._at(call_args)
-        if self._hess is None or self._hess[0] != key:
+        if key is None or self._hess is None or self._hess[0] != key:
             self._hess = (key, csr(self.op, self.op.values(x, *others)))
         return self._hess[1]
 

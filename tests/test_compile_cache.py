@@ -54,10 +54,10 @@ def _captured():
     return lambda x: torch.tanh(x * W)[1:] - x[:-1] ** 3
 
 
-# Every case runs Inductor (seconds each): the default suite keeps one per mode and the
-# Brusselator, the rest run under -m slow.
+# Every case runs Inductor (seconds each): the default suite keeps the reverse-mode stencil and the
+# forward-mode Brusselator (with its fused gather), the rest run under -m slow.
 _SLOW = pytest.mark.slow
-JACOBIANS = [pytest.param("stencil", _stencil, "forward", id="stencil"),
+JACOBIANS = [pytest.param("stencil", _stencil, "forward", id="stencil", marks=_SLOW),
              pytest.param("stencil-rev", _stencil, "reverse", id="stencil-rev"),
              pytest.param("padded", _padded, "forward", id="padded", marks=_SLOW),
              pytest.param("padded-rev", _padded, "reverse", id="padded-rev", marks=_SLOW),
@@ -79,7 +79,7 @@ def test_compiled_jacobians_equal_dense_ad(name, f, mode):
     assert tracing.compiled is not None and not tracing.disabled, tracing.error
 
 
-@pytest.mark.parametrize("coloring", ["star", "acyclic"])
+@pytest.mark.parametrize("coloring", [pytest.param("star", marks=_SLOW), "acyclic"])  # star: as the Brusselator's gather
 def test_compiled_hessians_equal_dense_ad(coloring):
     x = torch.rand(30, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     h = lambda z: rosenbrock(z) + (torch.sin(z[::3]) ** 2).sum()  # noqa: E731

@@ -418,9 +418,15 @@ def test_fingerprint_fast_path_answers_as_the_general_one():
                [1, [2.0, (3, {"a": 4.0})]], {"k": [1.5], 2: (None,)}, (), [], {}, inner, outer,
                (outer, ((), {})), Holder(), torch.nn.Linear(2, 2), w, idx, np.arange(4), math, torch.float64,
                [[[[[[1.0]]]]]]]
+    class General(_Fingerprint):  # the isinstance chain at every depth
+        __call__ = _Fingerprint._general
+
+    deep = [np.float64(2.0), np.int64(3), b"raw", True, 7, "s", None, 1.0, Point(1, 2.0), w, inner]
+    for leaf in deep:  # every kind of leaf below the depth limit
+        objects.append([[[[[[leaf]]]]]])
+        objects.append({"a": ({"b": [leaf]},)})
     for values in (False, True):
         for obj in objects:
-            fast = _Fingerprint(values)
-            general = _Fingerprint(values)
-            assert fast(obj) == general._general(obj, 0), obj
+            fast, general = _Fingerprint(values), General(values)
+            assert fast(obj) == general(obj, 0), obj
             assert fast.complete == general.complete, obj

@@ -56,10 +56,20 @@ class Replay:
         return self.fast(x, seeds)
 
 
+_BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
-            and bool(torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.nan_to_num(0.5), b.nan_to_num(0.5))
-                                           and torch.equal(a.isnan(), b.isnan()))))
+    """Whether ``a`` and ``b`` hold the same bits (``-0.0`` is not ``0.0``, ``inf`` is not the
+    largest float; NaNs must match in payload too: a stricter check refuses a variant, never more)."""
+    if not (isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype):
+        return False
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if a.is_floating_point():
+        bits = _BITS[a.element_size()]
+        a, b = a.contiguous().view(bits), b.contiguous().view(bits)
+    return bool(torch.equal(a, b))
 
 
 def _seconds(fn: Callable, x, seeds) -> float:

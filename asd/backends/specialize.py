@@ -677,8 +677,6 @@ def candidates(gm: GraphModule, inputs, constant_inputs=(), owned=(), *, push: b
         checked, notes = _specialize(gm, inputs, constant_inputs, owned, push, max_extra_bytes)
     except Exception as exc:  # noqa: BLE001 - specializing is an optimization
         return [], [f"not specialized: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"]
-    for cost, spec in checked:
-        spec.notes = [f"{_kind(spec)}: {cost / 1e6:.2f} MB per call"]
     return [spec for _, spec in checked], notes
 
 

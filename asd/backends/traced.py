@@ -52,7 +52,7 @@ class Tracing:
         self.owned: tuple = ()
         #: how the compiled graph was obtained (:class:`~asd.backends.compile_cache.CompiledProducts`)
         self.compiled = None
-        #: how the recorded graph is replayed eagerly (:class:`~asd.backends.replay.Replay`)
+        #: how the latest recorded graph is replayed eagerly (:class:`~asd.backends.replay.Replay`)
         self.replay = None
         self.graphs: dict = {}
         self.stamp = None
@@ -96,7 +96,7 @@ class Tracing:
         key = (tuple(seeds.shape), seeds.dtype)
         if self.compile and x.requires_grad and torch.is_grad_enabled():
             return None  # compiled kernels record no autograd graph: the transforms do
-        if self.constant_seeds:  # specialized on these seed rows (a chunk of them)
+        if self.constant_seeds:  # the operator's own seed rows, in one chunk: graphs are specialized on them
             key = key + (seeds.data_ptr(), seeds.stride())
         graph = self.graphs.get(key)
         if graph is None:

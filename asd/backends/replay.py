@@ -12,9 +12,12 @@ replay uses the same rewritings when they pay off without one. The variants are
 and a variant is a candidate only if it returns the recorded graph's bits exactly on the example
 input and on a random point near it (the same ATen operations on the same operands). Each
 candidate is timed and the fastest is kept: whether fewer operations on gathered operands beat
-more operations on contiguous ones depends on the sizes and the machine. Only calls that record no autograd graph use a
-specialized variant (its folded constants would hide nothing, but the recorded graph is the one
-measured against the transforms' gradients).
+more operations on contiguous ones depends on the sizes and the machine. A call that records an
+autograd graph (``x`` requires grad) replays the recorded graph, whose gradients are the ones
+tested against the transforms'.
+
+Building the variants costs tens to hundreds of milliseconds at the recording call, so it is tried
+only where the recorded shapes promise a gain (:func:`_prospects`).
 """
 
 from __future__ import annotations

@@ -171,17 +171,13 @@ def test_a_rewriting_that_reads_wrong_elements_is_refused_at_a_symmetric_example
     """At x = ones a rewritten graph reading x reversed agrees with the recorded one; the check at a
     random point near the example refuses it (the recorded graph is kept, lifted)."""
     from asd.backends import specialize as spec_module
+    from graph_edits import read_input_reversed
 
     real = spec_module._candidate
 
     def reversed_input(rw, root, push):
         spec = real(rw, root, push)
-        gm = spec.gm
-        ph = next(n for n in gm.graph.nodes if n.op == "placeholder")
-        with gm.graph.inserting_after(ph):
-            flipped = gm.graph.call_function(torch.ops.aten.flip.default, (ph, [0]))
-        ph.replace_all_uses_with(flipped, delete_user_cb=lambda user: user is not flipped)
-        gm.recompile()
+        read_input_reversed(spec.gm)
         return spec
 
     monkeypatch.setattr(spec_module, "_candidate", reversed_input)

@@ -8,6 +8,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import asd
 from asd.backends import replay, traced
 from asd.problems import brusselator, brusselator_input, rosenbrock
+from graph_edits import read_input_reversed, scale_output
 
 
 def _settled(op, x):
@@ -85,23 +86,23 @@ def test_recording_gradients_replays_the_recorded_graph():
     torch.testing.assert_close(grad, ref, rtol=1e-12, atol=1e-14)
 
 
-def test_a_variant_that_is_not_bit_exact_is_refused(monkeypatch):
+def _edit_candidates(monkeypatch, edit):
+    """Every specialized candidate rewritten by ``edit`` after it passed specialize's own checks."""
     from asd.backends import specialize
 
     real = specialize.candidates
 
-    def a_few_ulps_off(*a, **kw):
+    def edited(*a, **kw):
         specs, notes = real(*a, **kw)
         for spec in specs:
-            gm = spec.gm
-            out = next(n for n in gm.graph.nodes if n.op == "output")
-            with gm.graph.inserting_before(out):
-                bumped = gm.graph.call_function(torch.ops.aten.mul.Tensor, (out.args[0], 1 + 2.0 ** -50))
-            out.args = (bumped,)
-            gm.recompile()
+            edit(spec.gm)
         return specs, notes
 
-    monkeypatch.setattr(specialize, "candidates", a_few_ulps_off)
+    monkeypatch.setattr(specialize, "candidates", edited)
+
+
+def test_a_variant_that_is_not_bit_exact_is_refused(monkeypatch):
+    _edit_candidates(monkeypatch, scale_output)
     f, x = brusselator(5), brusselator_input(5)
     op = asd.prepare_jacobian(f, x, mode="forward", check=False)
     r = _settled(op, x)
@@ -149,22 +150,7 @@ def test_unsafe_index_becomes_index_select_for_eager_replay():
 def test_a_variant_reading_wrong_elements_is_refused_at_a_symmetric_example(monkeypatch):
     """Prepared at x = ones, a variant that reads x reversed gives the recorded bits there; the
     second, random point refuses it."""
-    from asd.backends import specialize
-
-    real = specialize.candidates
-
-    def reversed_input(*a, **kw):
-        specs, notes = real(*a, **kw)
-        for spec in specs:
-            gm = spec.gm
-            ph = next(n for n in gm.graph.nodes if n.op == "placeholder")
-            with gm.graph.inserting_after(ph):
-                flipped = gm.graph.call_function(torch.ops.aten.flip.default, (ph, [0]))
-            ph.replace_all_uses_with(flipped, delete_user_cb=lambda user: user is not flipped)
-            gm.recompile()
-        return specs, notes
-
-    monkeypatch.setattr(specialize, "candidates", reversed_input)
+    _edit_candidates(monkeypatch, read_input_reversed)
     f = brusselator(5)
     x = torch.ones(50, dtype=torch.float64)
     op = asd.prepare_jacobian(f, x, mode="forward", check=False)
@@ -190,3 +176,16 @@ def test_products_that_are_not_finite_at_the_example_are_not_specialized():
     assert r.chosen == "recorded" and any("not finite" in n for n in r.notes), r.notes
     x2 = x + 0.5
     assert torch.equal(op.values(x2), _reference(f, x2, mode="forward"))
+
+
+def test_seed_rows_written_in_place_are_not_met_with_stale_folded_constants():
+    """The graph key holds the seeds' version: after a write into them the graph is recorded (and
+    specialized) again, so the folded constants follow the new seeds (the products are linear in
+    them: doubled seeds give exactly doubled values)."""
+    f, x = brusselator(7), brusselator_input(7)
+    op = asd.prepare_jacobian(f, x, mode="forward", check=False)
+    r = _settled(op, x)
+    assert r.chosen != "recorded" or len(r.timings) > 1, r.notes
+    before = op.values(x).clone()
+    op.state.fused.seeds.mul_(2.0)
+    assert torch.equal(op.values(x), 2 * before)

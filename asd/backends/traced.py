@@ -97,7 +97,8 @@ class Tracing:
         if self.compile and x.requires_grad and torch.is_grad_enabled():
             return None  # compiled kernels record no autograd graph: the transforms do
         if self.constant_seeds:  # the operator's own seed rows, in one chunk: graphs are specialized on them
-            key = key + (seeds.data_ptr(), seeds.stride())
+            # (their version counter too: a write into them must not meet constants folded from before)
+            key = key + (seeds.data_ptr(), seeds.stride(), seeds._version)
         graph = self.graphs.get(key)
         if graph is None:
             if self.calls <= (0 if self.compile else self.calls_before):

@@ -7,6 +7,8 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# the default suite runs on every core (at most 4 workers): `make test PYTEST_XDIST=` runs it in one process
+PYTEST_XDIST ?= -n auto --maxprocesses 4
 
 .PHONY: all venv demo test test-all bench figures guide clean
 
@@ -27,7 +29,7 @@ demo: $(STAMP)
 	$(PY) -m asd demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

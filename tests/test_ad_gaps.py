@@ -29,7 +29,7 @@ pytest.importorskip("expecttest")
 
 from asd.detection import jacobian_pattern  # noqa: E402
 from asd.detection.ad_gaps import MODES, unsafe_modes  # noqa: E402
-from test_opinfo import MAX_OUT, full_name, make_function, opinfo_ops  # noqa: E402
+from test_opinfo import MAX_OUT, full_name, make_function, op_samples, opinfo_ops  # noqa: E402
 
 RTOL, ATOL = 1e-6, 1e-8
 MAX_SAMPLES = 4
@@ -164,7 +164,7 @@ def sweep(names=None, max_samples: int = MAX_SAMPLES) -> list[Finding]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=False))
+                samples = op_samples(op)
                 samples = samples[::max(1, len(samples) // max_samples)][:max_samples]  # spread over the kinds
             except Exception:  # noqa: BLE001
                 continue

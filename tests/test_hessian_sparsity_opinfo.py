@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 pytest.importorskip("expecttest")
 
 from asd.detection import hessian_sparsity  # noqa: E402
+from test_opinfo import op_samples  # noqa: E402
 
 # ops whose samples cannot give a reference (random ops) or a traceable function
 SKIP = {
@@ -142,7 +143,7 @@ def run(ops, max_samples: int | None = None):
     for op in ops:
         name = full_name(op)
         try:
-            samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=False))
+            samples = op_samples(op)
         except Exception:  # noqa: BLE001
             continue
         taken = 0

@@ -38,7 +38,7 @@ pytest.importorskip("expecttest")
 from asd.detection import hessian_sparsity, jacobian_sparsity  # noqa: E402
 from asd.detection.table import RULES, recording_reached, unreached  # noqa: E402
 from asd.errors import UnsupportedOpWarning  # noqa: E402
-from test_opinfo import full_name, make_function, opinfo_ops, perturbed, rounding_floor  # noqa: E402
+from test_opinfo import full_name, make_function, op_samples, opinfo_ops, perturbed, rounding_floor  # noqa: E402
 
 RANK = {"zero": 0, "linear": 1, "bilinear": 2, "nonlinear": 2}
 # the tracer's stand-in for the input is a clone, an identity: linear alone, no class of its own with others
@@ -120,7 +120,7 @@ def run(ops, *, max_samples: int | None, max_n: int, points: int = 2) -> list[Sa
     results = []
     for op in ops:
         try:
-            samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=False))
+            samples = op_samples(op)
         except Exception:  # noqa: BLE001
             continue
         checked = 0

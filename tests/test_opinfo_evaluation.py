@@ -20,7 +20,7 @@ import torch
 pytest.importorskip("expecttest")
 
 import asd  # noqa: E402
-from test_opinfo import MAX_OUT, full_name, make_function, opinfo_ops  # noqa: E402
+from test_opinfo import MAX_OUT, full_name, make_function, op_samples, opinfo_ops  # noqa: E402
 
 SUBSET = ("abs", "cumprod", "cdist", "scatter_reduce.prod", "nn.functional.layer_norm", "linalg.det",
           "nn.functional.embedding", "index_put", "take_along_dim", "nn.functional.conv1d", "sort", "max.reduction_with_dim")
@@ -65,7 +65,7 @@ def sweep(names=None, samples: int = 2) -> list[tuple[str, str]]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                all_samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=False))
+                all_samples = op_samples(op)
             except Exception:  # noqa: BLE001
                 continue
         picked = all_samples[::max(1, len(all_samples) // samples)][:samples]

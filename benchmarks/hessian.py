@@ -38,6 +38,10 @@ def warm_up() -> float:
     for col in ("star", "acyclic"):
         asd.sparse_hessian(fresh_rosenbrock(), x, coloring=col, cache=False)
     asd.gradient_and_hessian(fresh_rosenbrock(), x, cache=False)
+    # a size no row measures, large enough for the Numba coloring and substitution kernels
+    x = torch.rand(3000, dtype=torch.float64)
+    for col in ("star", "acyclic"):
+        asd.sparse_hessian(fresh_rosenbrock(), x, coloring=col, cache=False)
     return time.perf_counter() - t0
 
 

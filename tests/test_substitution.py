@@ -101,3 +101,25 @@ def test_cpu_decompressor_leaves_the_levelwise_tensors_unbuilt():
     H = dec.csr(dec.values(op.compressed(x))).to_dense()
     torch.testing.assert_close(H, torch.func.hessian(rosenbrock)(x))
     assert op.coloring.plan not in dev._PREPARED
+
+
+def test_a_plan_that_leaves_entries_unwritten_gives_zeros_there():
+    """The CPU kernel skips the zero fill only for plans whose steps write every entry (every plan
+    of an acyclic coloring): a plan built by hand that drops steps reads zeros, not stale memory."""
+    from dataclasses import replace
+
+    res, v, B = _case(n=80, seed=5)
+    assert res.plan.writes_every_entry
+    plan = res.plan
+    keep = plan.level_ptr[1]  # the first level only: its steps depend on nothing
+    cut = replace(plan, step_pos=plan.step_pos[:keep], step_pos_t=plan.step_pos_t[:keep],
+                  step_src=plan.step_src[:keep], dep_ptr=plan.dep_ptr[:keep + 1],
+                  dep_pos=plan.dep_pos[:plan.dep_ptr[keep]], dep_step=plan.dep_step[:plan.dep_ptr[keep]],
+                  level_ptr=plan.level_ptr[:2])
+    assert not cut.writes_every_entry
+    written = np.zeros(plan.nnz, dtype=bool)
+    written[cut.step_pos] = written[cut.step_pos_t] = True
+    for _ in range(3):  # fresh buffers of the allocator may hold the previous call's values
+        got = substitute(cut, torch.tensor(B), fast=True).numpy()
+        np.testing.assert_allclose(got[written], v[written], rtol=1e-12, atol=1e-12)
+        assert (got[~written] == 0).all()

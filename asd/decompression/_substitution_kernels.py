@@ -19,7 +19,8 @@ def _substitute(flat, step_pos, step_pos_t, step_src, dep_ptr, dep_pos, out):
 def substitute_numba(flat, plan):
     """Values in CSR order from the flat compressed buffer and a :class:`SubstitutionPlan`."""
     flat = np.ascontiguousarray(flat)
-    out = np.zeros(plan.nnz, dtype=flat.dtype)
+    # a plan whose steps write every entry needs no zero fill (a tenth of the call at n = 10^5)
+    out = np.empty(plan.nnz, dtype=flat.dtype) if plan.writes_every_entry else np.zeros(plan.nnz, dtype=flat.dtype)
     return _substitute(flat, plan.step_pos, plan.step_pos_t, plan.step_src, plan.dep_ptr, plan.dep_pos, out)
 
 

@@ -20,7 +20,7 @@ Plans are frozen and their arrays read-only. This module imports neither torch n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import singledispatch
+from functools import cached_property, singledispatch
 
 import numpy as np
 
@@ -94,6 +94,15 @@ class SubstitutionPlan(_Plan):
     def nlevels(self) -> int:
         """Number of sequential substitution levels."""
         return len(self.level_ptr) - 1
+
+    @cached_property
+    def writes_every_entry(self) -> bool:
+        """Whether the steps write every stored entry (a plan of an acyclic coloring does; one
+        built by hand may leave entries at zero)."""
+        written = np.zeros(self.nnz, dtype=bool)
+        written[self.step_pos] = True
+        written[self.step_pos_t] = True
+        return bool(written.all())
 
     def decompress(self, compressed) -> np.ndarray:
         """Numpy/Numba reference decompression."""

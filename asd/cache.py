@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-__all__ = ["PatternCache", "CACHE", "cache_key", "fingerprint"]
+__all__ = ["PatternCache", "CACHE", "cache_key", "fingerprint", "value_fingerprint", "ValueGuard"]
 
 _MAX_DEPTH = 4
 _MAX_ITEMS = 256
@@ -166,6 +166,89 @@ def value_fingerprint(f: Callable) -> tuple[object, bool]:
     reads (no object summarized by identity alone, no module with hidden state such as ``random``)."""
     fp = _Fingerprint(values=True)
     return fp(f), fp.complete
+
+
+_EMPTY = object()    # an empty closure cell
+_MISSING = object()  # a name the function's globals do not hold
+# objects whose summary is their value or their identity: found in the same slot, they summarize the same
+_SETTLED = frozenset({int, float, complex, bool, str, bytes, type(None), types.ModuleType, type,
+                      types.BuiltinFunctionType})
+
+
+class _Watching(_Fingerprint):
+    """A ``values=True`` summary that also notes every slot it read (a function's code, defaults,
+    closure cells and the globals its code names, present or not) with the object found there.
+    Objects summarized by value or identity alone (numbers, strings, modules, classes) and tuples
+    are walked through; every other object (a tensor, a list, a dict, a module, ...) is a *leaf*,
+    summarized whole and kept to be summarized again."""
+
+    def __init__(self):
+        super().__init__(values=True)
+        self.functions: list[tuple] = []
+        self.leaves: list[tuple] = []
+
+    def __call__(self, obj, depth: int = 0):
+        t = type(obj)
+        if t in _SETTLED or t is tuple or t is types.FunctionType:
+            return super().__call__(obj, depth)
+        plain = _Fingerprint(values=True)
+        summary = plain(obj, depth)
+        self.complete = self.complete and plain.complete
+        self.leaves.append((obj, depth, summary))
+        return summary
+
+    def function(self, fn: types.FunctionType, depth: int):
+        cells = fn.__closure__ or ()
+        names = fn.__code__.co_names
+        self.functions.append((fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells,
+                               tuple(c.cell_contents if _cell_filled(c) else _EMPTY for c in cells),
+                               fn.__globals__, names, tuple(fn.__globals__.get(n, _MISSING) for n in names)))
+        return super().function(fn, depth)
+
+    def still(self) -> bool:
+        """Whether every slot holds what it held and every tensor summarizes as it did."""
+        for fn, code, defaults, kwdefaults, cells, contents, g, names, found in self.functions:
+            if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
+                return False
+            for c, v in zip(cells, contents):
+                try:
+                    if c.cell_contents is not v:
+                        return False
+                except ValueError:
+                    if v is not _EMPTY:
+                        return False
+            for n, v in zip(names, found):
+                if g.get(n, _MISSING) is not v:
+                    return False
+        for obj, depth, summary in self.leaves:
+            plain = _Fingerprint(values=True)
+            if plain(obj, depth) != summary or not plain.complete:
+                return False
+        return True
+
+
+class ValueGuard:
+    """``guard(objs)``: :func:`value_fingerprint` of the tuple ``objs``, revalidated cheaply.
+
+    The guard of a traced graph runs on every call of a prepared operator. While the elements of
+    ``objs`` are the same objects, every slot the last complete summary read holds the same object
+    and every leaf (a tensor, a list, a dict, a module, ...) summarizes as it did, the summary is
+    the same: it is answered without walking the functions again."""
+
+    def __init__(self):
+        self._objs: tuple | None = None
+        self._watch: _Watching | None = None
+        self._result = None
+
+    def __call__(self, objs: tuple) -> tuple[object, bool]:
+        w = self._watch
+        if (w is not None and len(objs) == len(self._objs) and all(a is b for a, b in zip(objs, self._objs))
+                and w.still()):
+            return self._result
+        w = _Watching()
+        result = (w(objs), w.complete)
+        self._objs, self._watch, self._result = (objs, w, result) if w.complete else (None, None, None)
+        return result
 
 
 def _weak_ident(f: Callable):

@@ -24,7 +24,7 @@ from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor
 from .detection.jacobian import check_input
 from .backends.traced import CALLS_BEFORE_TRACING, Tracing
-from .cache import fingerprint, value_fingerprint
+from .cache import ValueGuard, fingerprint
 from .checks import CheckReport, checks_forced, probe
 from .backends.autograd_loop import AutogradLoop
 from .detection.ad_gaps import unsafe_modes
@@ -307,7 +307,8 @@ class _SparseOperator:
         self.state = backend.init(self._g, self._x0, coloring, **self._options)
 
     def _make_tracing(self) -> Tracing:
-        return Tracing(lambda: value_fingerprint((self.f, self._call_args)))
+        guard = ValueGuard()
+        return Tracing(lambda: guard((self.f, self._call_args)))
 
     @property
     def strategy(self) -> str:

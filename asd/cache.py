@@ -7,10 +7,14 @@ What the cache observes, and so what it trusts:
   any other callable (a module, a bound method's object) weakly and by identity;
 * the input's shape, dtype, device and ``requires_grad``, the grad mode and the options;
 * a fingerprint of what the function reads (:func:`fingerprint`): its code, closure cells,
-  defaults, the globals it names, a bound method's object, and for ``nn.Module``s the training
-  flag, the names, shapes and dtypes of parameters and buffers, the submodules' identities and
-  their plain attributes. Small integer tensors and arrays (indices) are hashed by content; float
-  values (scalars and tensors) are not part of it: they change values, not sparsity.
+  defaults, attributes, the globals its code names (comprehensions and inner functions included),
+  a bound method's object, the attributes of the classes it names (those of pure modules such as
+  torch by identity), and for ``nn.Module``s the training flag, the names, shapes and dtypes of
+  parameters and buffers, the submodules' identities and their plain attributes. Small integer
+  tensors and arrays (indices) are hashed by content; float values (scalars and tensors) are not
+  part of it: they change values, not sparsity. A built-in bound to an object (``cfg.get``,
+  ``random.random``), a module with hidden state (``random``, ``time``) or a container past 256
+  items makes the summary *incomplete*: traced graphs are then not used.
 
 A hit whose fingerprint differs is prepared again. Everything the fingerprint cannot see is
 caught by the cross-mode probe that validates every hit (:mod:`asd.checks`). The cache is locked
@@ -51,6 +55,7 @@ class _Fingerprint:
     def __init__(self, values: bool):
         self.values = values
         self.complete = True  # False once something is summarized by identity only
+        self._open: set[int] = set()  # the functions being summarized (a recursive one meets itself)
 
     def tensor(self, t: torch.Tensor):
         floating = t.is_floating_point() or t.is_complex()
@@ -59,7 +64,9 @@ class _Fingerprint:
             return key + (id(t),) if self.values else key
         meta = ("tensor", id(t), tuple(t.shape), str(t.dtype), str(t.device), t.layout, t._version)
         if t.layout == torch.strided and t.device.type == "cpu" and t.numel() <= _HASH_LIMIT and not floating:
-            return meta + (hashlib.blake2b(t.detach().contiguous().numpy().tobytes(), digest_size=8).hexdigest(),)
+            # a copy: numpy() on the caller's own storage would make it non-resizable for good
+            data = t.detach().clone(memory_format=torch.contiguous_format).numpy()
+            return meta + (hashlib.blake2b(data.tobytes(), digest_size=8).hexdigest(),)
         if t.layout == torch.sparse_csr:
             return meta + (self.tensor(t.crow_indices()), self.tensor(t.col_indices()))
         return meta
@@ -76,37 +83,83 @@ class _Fingerprint:
         return tuple(items)
 
     def function(self, fn: types.FunctionType, depth: int):
-        code = fn.__code__
-        cells = tuple(self(c.cell_contents, depth + 1) if _cell_filled(c) else "<empty>"
-                      for c in (fn.__closure__ or ()))
-        names = tuple((n, self(fn.__globals__[n], depth + 1)) for n in code.co_names if n in fn.__globals__)
-        return ("function", id(code), self(fn.__defaults__, depth + 1), self(fn.__kwdefaults__, depth + 1), cells,
-                names)
+        if id(fn) in self._open:
+            return ("function being summarized", id(fn))  # its slots are read where it was met first
+        self._open.add(id(fn))
+        try:
+            code = fn.__code__
+            cells = tuple(self(c.cell_contents, depth + 1) if _cell_filled(c) else "<empty>"
+                          for c in (fn.__closure__ or ()))
+            g = fn.__globals__
+            names = tuple((n, self(g[n], depth + 1)) for n in _global_names(code) if n in g)
+            attributes = self(fn.__dict__, depth + 1) if fn.__dict__ else None
+            return ("function", id(code), self(fn.__defaults__, depth + 1), self(fn.__kwdefaults__, depth + 1),
+                    attributes, cells, names)
+        finally:
+            self._open.discard(id(fn))
+
+    def klass(self, cls: type, depth: int):
+        """A class by identity and, unless it comes from a pure module, by the attributes its
+        classes define (``C.scale`` read by ``f`` is a value a traced graph bakes in)."""
+        if _module_root(cls) in self.PURE_MODULES or cls.__module__ == "builtins":
+            return ("ref", id(cls))
+        own = []
+        for base in cls.__mro__:
+            if base is object or _module_root(base) in self.PURE_MODULES:
+                continue
+            attrs = tuple((k, self(_unwrap(v), depth + 1)) for k, v in list(vars(base).items())[:_MAX_ITEMS]
+                          if not (k.startswith("__") and k.endswith("__")))
+            if len(vars(base)) > _MAX_ITEMS:
+                self.complete = False
+            own.append((id(base), attrs))
+        return ("class", id(cls), tuple(own))
+
+    def builtin(self, obj):
+        """A built-in function: by identity when it is a pure module's or Python's own; one bound
+        to an object (``cfg.get``, ``random.random``) or from another module (``time.time``) reads
+        state no summary sees."""
+        owner = getattr(obj, "__self__", None)
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            self.complete = False
+        elif (getattr(obj, "__module__", None) or "builtins").split(".")[0] not in self.PURE_MODULES + ("builtins",):
+            self.complete = False
+        return ("builtin", id(obj))
+
+    def _items(self, obj):
+        if len(obj) > _MAX_ITEMS:
+            self.complete = False  # items past the bound are not seen
+        return obj if len(obj) <= _MAX_ITEMS else obj[:_MAX_ITEMS]
 
     def __call__(self, obj, depth: int = 0):
         # exact built-in types first, each answered as its branch below answers it: the guard of a
         # traced graph runs this on every call, and isinstance(obj, torch.Tensor) is slow
         t = type(obj)
         if t is float or t is complex:
-            return obj if self.values else t.__name__
-        if obj is None or t is int or t is bool or t is str or t is bytes:
+            return _number(obj) if self.values else t.__name__
+        if obj is None or t is int or t is str or t is bytes:
             return obj
+        if t is bool:
+            return ("bool", obj)  # True == 1
         if depth > _MAX_DEPTH:
             return self._general(obj, depth)
         if t is tuple or t is list:
-            return (t.__name__, len(obj)) + tuple(self(v, depth + 1) for v in obj[:_MAX_ITEMS])
+            return (t.__name__, len(obj)) + tuple(self(v, depth + 1) for v in self._items(obj))
         if t is types.FunctionType:
             return self.function(obj, depth)
         if t is dict:
             return ("dict", len(obj)) + tuple((self(k, depth + 1), self(v, depth + 1))
-                                              for k, v in list(obj.items())[:_MAX_ITEMS])
+                                              for k, v in self._items(list(obj.items())))
         return self._general(obj, depth)
 
     def _general(self, obj, depth: int):
         if isinstance(obj, (float, complex)):
-            return obj if self.values else type(obj).__name__
-        if obj is None or isinstance(obj, (bool, int, str, bytes)):
+            return _number(obj) if self.values else type(obj).__name__
+        if isinstance(obj, bool):
+            return ("bool", bool(obj))
+        if obj is None or type(obj) in (int, str, bytes):
             return obj
+        if isinstance(obj, (int, str, bytes)):  # a subclass (an IntEnum): its type too
+            return (type(obj).__qualname__, obj)
         if depth > _MAX_DEPTH:
             self.complete = False
             return ("deep", type(obj).__qualname__, id(obj))
@@ -123,7 +176,9 @@ class _Fingerprint:
                 self.complete = False  # e.g. random, time: state a summary cannot see
             return ("ref", id(obj))
         if isinstance(obj, type):
-            return ("ref", id(obj))
+            return self.klass(obj, depth)
+        if isinstance(obj, types.BuiltinFunctionType):
+            return self.builtin(obj)
         if isinstance(obj, torch.nn.Module):
             return self.module(obj, depth)
         if isinstance(obj, types.FunctionType):
@@ -133,18 +188,48 @@ class _Fingerprint:
         if isinstance(obj, functools.partial):
             return ("partial", self(obj.func, depth + 1), self(obj.args, depth + 1), self(obj.keywords, depth + 1))
         if isinstance(obj, (list, tuple)):
-            return (type(obj).__name__, len(obj)) + tuple(self(v, depth + 1) for v in obj[:_MAX_ITEMS])
+            return (type(obj).__name__, len(obj)) + tuple(self(v, depth + 1) for v in self._items(obj))
         if isinstance(obj, dict):
             return ("dict", len(obj)) + tuple((self(k, depth + 1), self(v, depth + 1))
-                                              for k, v in list(obj.items())[:_MAX_ITEMS])
+                                              for k, v in self._items(list(obj.items())))
         if isinstance(obj, (set, frozenset)):
-            return ("set", len(obj), tuple(sorted(repr(v) for v in list(obj)[:_MAX_ITEMS])))
+            return ("set", len(obj), tuple(sorted(repr(v) for v in self._items(list(obj)))))
         state = getattr(obj, "__dict__", None)
         if isinstance(state, dict):
             return ("object", type(obj).__qualname__, id(obj), self(state, depth + 1))
         if not isinstance(obj, types.BuiltinFunctionType):
             self.complete = False
         return ("opaque", type(obj).__qualname__, id(obj))
+
+
+def _number(v) -> tuple:
+    """A float or complex by type and bits (1 == 1.0 == True, 0.0 == -0.0, nan != nan)."""
+    if isinstance(v, complex):
+        return (type(v).__name__, float(v.real).hex(), float(v.imag).hex())
+    return (type(v).__name__, float(v).hex())
+
+
+@functools.lru_cache(maxsize=4096)
+def _global_names(code: types.CodeType) -> tuple:
+    """The names ``code`` and the code nested in it (comprehensions, generator expressions, inner
+    functions and lambdas: their own code objects) may read as globals."""
+    names = dict.fromkeys(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names.update(dict.fromkeys(_global_names(c)))
+    return tuple(names)
+
+
+def _module_root(obj) -> str:
+    return (getattr(obj, "__module__", None) or "").split(".")[0]
+
+
+def _unwrap(v):
+    if isinstance(v, (staticmethod, classmethod)):
+        return v.__func__
+    if isinstance(v, property):
+        return (v.fget, v.fset, v.fdel)
+    return v
 
 
 def _cell_filled(cell) -> bool:
@@ -171,16 +256,15 @@ def value_fingerprint(f: Callable) -> tuple[object, bool]:
 _EMPTY = object()    # an empty closure cell
 _MISSING = object()  # a name the function's globals do not hold
 # objects whose summary is their value or their identity: found in the same slot, they summarize the same
-_SETTLED = frozenset({int, float, complex, bool, str, bytes, type(None), types.ModuleType, type,
-                      types.BuiltinFunctionType})
+_SETTLED = frozenset({int, float, complex, bool, str, bytes, type(None), types.ModuleType, types.BuiltinFunctionType})
 
 
 class _Watching(_Fingerprint):
     """A ``values=True`` summary that also notes every slot it read (a function's code, defaults,
-    closure cells and the globals its code names, present or not) with the object found there.
-    Objects summarized by value or identity alone (numbers, strings, modules, classes) and tuples
-    are walked through; every other object (a tensor, a list, a dict, a module, ...) is a *leaf*,
-    summarized whole and kept to be summarized again."""
+    keyword defaults, attribute dict, closure cells and the globals its code names, present or
+    not) with the object found there. Numbers, strings, Python modules, built-ins, tuples and
+    functions are walked through; every other object (a tensor, a list, a dict, a class, an
+    ``nn.Module``, ...) is a *leaf*, summarized whole and kept to be summarized again."""
 
     def __init__(self):
         super().__init__(values=True)
@@ -198,17 +282,19 @@ class _Watching(_Fingerprint):
         return summary
 
     def function(self, fn: types.FunctionType, depth: int):
+        # the slots _Fingerprint.function reads (a dict found there, fn.__dict__ included, is a leaf)
         cells = fn.__closure__ or ()
-        names = fn.__code__.co_names
-        self.functions.append((fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells,
-                               tuple(c.cell_contents if _cell_filled(c) else _EMPTY for c in cells),
+        names = _global_names(fn.__code__)
+        self.functions.append((fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, fn.__dict__, not fn.__dict__,
+                               cells, tuple(c.cell_contents if _cell_filled(c) else _EMPTY for c in cells),
                                fn.__globals__, names, tuple(fn.__globals__.get(n, _MISSING) for n in names)))
         return super().function(fn, depth)
 
     def still(self) -> bool:
-        """Whether every slot holds what it held and every tensor summarizes as it did."""
-        for fn, code, defaults, kwdefaults, cells, contents, g, names, found in self.functions:
-            if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
+        """Whether every slot holds what it held and every leaf summarizes as it did."""
+        for fn, code, defaults, kwdefaults, attrs, bare, cells, contents, g, names, found in self.functions:
+            if (fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults
+                    or fn.__dict__ is not attrs or (bare and attrs)):
                 return False
             for c, v in zip(cells, contents):
                 try:
@@ -232,22 +318,22 @@ class ValueGuard:
 
     The guard of a traced graph runs on every call of a prepared operator. While the elements of
     ``objs`` are the same objects, every slot the last complete summary read holds the same object
-    and every leaf (a tensor, a list, a dict, a module, ...) summarizes as it did, the summary is
-    the same: it is answered without walking the functions again."""
+    and every leaf (a tensor, a list, a dict, a class, an ``nn.Module``, ...) summarizes as it
+    did, the summary is the same: it is answered without walking the functions again. It keeps the
+    objects of the last call (extra arguments included) alive until the next one."""
 
     def __init__(self):
-        self._objs: tuple | None = None
-        self._watch: _Watching | None = None
-        self._result = None
+        self._last: tuple | None = None  # (objs, watch, result) of the last complete summary
 
     def __call__(self, objs: tuple) -> tuple[object, bool]:
-        w = self._watch
-        if (w is not None and len(objs) == len(self._objs) and all(a is b for a, b in zip(objs, self._objs))
-                and w.still()):
-            return self._result
+        last = self._last
+        if last is not None:
+            seen, w, result = last
+            if len(objs) == len(seen) and all(a is b for a, b in zip(objs, seen)) and w.still():
+                return result
         w = _Watching()
         result = (w(objs), w.complete)
-        self._objs, self._watch, self._result = (objs, w, result) if w.complete else (None, None, None)
+        self._last = (objs, w, result) if w.complete else None
         return result
 
 

@@ -1,32 +1,42 @@
 """The guard of traced graphs (asd.cache.ValueGuard): its cheap revalidation answers what a full
-value fingerprint answers, after any change of what the function reads."""
+value fingerprint answers after any change of what the function reads, and the value fingerprint
+sees every value a traced graph bakes in (or says it is incomplete, and tracing is not used)."""
 
-import types
+import random
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asd
-from asd.cache import ValueGuard, value_fingerprint
+from asd.cache import ValueGuard, fingerprint, value_fingerprint
 
 SCALE = 2.0
+DEEP = 3.0  # read only inside a comprehension of f
 TABLE = [1, 2]
 
 
+class Knob:
+    s = 2.0
+
+
 def _make():
-    """A function reading closure cells (a number, a nested function, a tensor), globals (a float
-    and a list) and defaults, and the mutations a program can make to each."""
-    state = {}
+    """A function reading closure cells (a number, a nested function, a tensor, a class), globals
+    (directly and from a comprehension), defaults, keyword defaults and a function attribute, and
+    the mutations a program can make to each."""
     w = torch.ones(3, dtype=torch.float64)
     k = 3
+    knob = Knob
 
     def inner(z):
-        return z * k
+        return z * k * inner.gain
 
-    def f(x, c=1.5):
-        return inner(x) * w * SCALE * c
+    inner.gain = 1.0
+
+    def f(x, c=1.5, *, d=1.0):
+        return inner(x) * w * SCALE * c * d * knob.s * sum(DEEP for _ in range(1))
 
     def rebind_k_equal():
         nonlocal k
@@ -34,7 +44,21 @@ def _make():
 
     def rebind_k():
         nonlocal k
-        k = k + 1
+        try:
+            k = k + 1
+        except NameError:  # emptied before
+            k = 4
+
+    def empty_k():
+        nonlocal k
+        try:
+            del k
+        except NameError:
+            pass
+
+    def fill_k():
+        nonlocal k
+        k = 3
 
     def rebind_w():
         nonlocal w
@@ -52,78 +76,112 @@ def _make():
         def inner(z):  # noqa: F811
             return z - k
 
+    def gain():
+        inner.gain = inner.gain + 1.0
+
     def defaults():
         f.__defaults__ = (2.5,)
 
+    def kwdefaults():
+        f.__kwdefaults__["d"] = f.__kwdefaults__["d"] + 1.0
+
     def code():
-        f.__code__ = (lambda x, c=1.5: inner(x) * w * SCALE * c * 1.0).__code__
+        f.__code__ = (lambda x, c=1.5, *, d=1.0: inner(x) * w * SCALE * c * d * knob.s * 1.0).__code__
 
     def global_scale():
         global SCALE
         SCALE = SCALE + 1.0
 
+    def global_deep():
+        global DEEP
+        DEEP = DEEP + 1.0
+
+    def class_attribute():
+        Knob.s = Knob.s + 1.0
+
+    def to_random():
+        nonlocal knob
+        knob = random  # a module with hidden state: incomplete
+
+    def to_class():
+        nonlocal knob
+        knob = Knob
+
     def global_table():
         TABLE.append(3)
 
     def read_table():
-        f.__code__ = (lambda x, c=1.5: inner(x) * w * SCALE * c * len(TABLE)).__code__
+        f.__code__ = (lambda x, c=1.5, *, d=1.0: inner(x) * w * SCALE * c * d * knob.s * len(TABLE)).__code__
 
     def add_global():
         f.__globals__["inner_extra"] = 1.0
 
-    mutations = [rebind_k_equal, rebind_k, rebind_w, resize_w, write_w, new_inner, defaults, code, global_scale,
-                 global_table, read_table, add_global]
-    state["f"] = f
+    mutations = [rebind_k_equal, rebind_k, empty_k, fill_k, rebind_w, resize_w, write_w, new_inner, gain, defaults,
+                 kwdefaults, code, global_scale, global_deep, class_attribute, to_random, to_class, global_table,
+                 read_table, add_global]
     return f, mutations
 
 
+NMUTATIONS = len(_make()[1])
+# change nothing f's summary reads (fill_k and to_class restore what empty_k and to_random change)
+UNSEEN = ("rebind_k_equal", "write_w", "add_global", "global_table", "fill_k", "to_class")
+
+
+@pytest.fixture(autouse=True)
+def _globals_restored():
+    global SCALE, DEEP
+    saved = SCALE, DEEP, list(TABLE), Knob.s
+    yield
+    SCALE, DEEP = saved[:2]
+    TABLE[:] = saved[2]
+    Knob.s = saved[3]
+    globals().pop("inner_extra", None)
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 11), max_size=8), st.booleans())
+@given(st.lists(st.integers(0, NMUTATIONS - 1), max_size=8), st.booleans())
 def test_the_guard_answers_what_a_full_fingerprint_answers(steps, extra_args):
-    global SCALE
-    saved_scale, saved_table = SCALE, list(TABLE)
-    try:
-        f, mutations = _make()
-        args = (torch.zeros(2, dtype=torch.int64),) if extra_args else ()
-        guard = ValueGuard()
-        assert guard((f, args)) == value_fingerprint((f, args))
-        for i in steps:
-            mutations[i]()
-            got = guard((f, args))
-            assert got == value_fingerprint((f, args)), mutations[i].__name__
-            assert guard((f, args)) == got  # asked again, unchanged
-    finally:
-        SCALE = saved_scale
-        TABLE[:] = saved_table
-        globals().pop("inner_extra", None)
+    f, mutations = _make()
+    args = (torch.zeros(2, dtype=torch.int64),) if extra_args else ()
+    guard = ValueGuard()
+    assert guard((f, args)) == value_fingerprint((f, args))
+    for i in steps:
+        mutations[i]()
+        got = guard((f, args))
+        assert got == value_fingerprint((f, args)), mutations[i].__name__
+        assert guard((f, args)) == got  # asked again, unchanged
 
 
-def test_each_change_of_what_f_reads_is_seen_after_revalidated_calls():
-    global SCALE
-    saved_scale, saved_table = SCALE, list(TABLE)
-    try:
-        for i in range(12):
-            f, mutations = _make()
-            guard = ValueGuard()
-            before = guard((f, ()))
-            assert guard((f, ())) == before  # revalidated
-            mutations[i]()
-            seen = guard((f, ())) != before
-            assert seen == (mutations[i].__name__ not in ("rebind_k_equal", "write_w", "add_global", "global_table")), \
-                mutations[i].__name__
-    finally:
-        SCALE = saved_scale
-        TABLE[:] = saved_table
-        globals().pop("inner_extra", None)
+@pytest.mark.parametrize("i", range(NMUTATIONS))
+def test_each_change_of_what_f_reads_is_seen_after_revalidated_calls(i):
+    f, mutations = _make()
+    guard = ValueGuard()
+    before = guard((f, ()))
+    assert before[1] and guard((f, ())) == before  # complete, and revalidated
+    mutations[i]()
+    assert (guard((f, ())) != before) == (mutations[i].__name__ not in UNSEEN), mutations[i].__name__
 
 
-def test_new_objects_in_the_arguments_are_summarized_again():
+def test_replacing_f_or_its_arguments_is_seen():
     f = lambda x: x * 2.0  # noqa: E731
+    g = lambda x: x * 3.0  # noqa: E731
     guard = ValueGuard()
     a = (torch.zeros(2),)
     first = guard((f, a))
+    assert guard((g, a)) == value_fingerprint((g, a)) != first
     b = (torch.zeros(3),)
     assert guard((f, b)) == value_fingerprint((f, b)) != first
+
+
+def test_a_global_defined_after_the_first_call_is_seen():
+    code = "def f(x):\n    return x * sum(LATE for _ in range(1)) if 'LATE' in globals() else x\n"
+    namespace = {}
+    exec(code, namespace)  # a function of another globals dict
+    f = namespace["f"]
+    guard = ValueGuard()
+    first = guard((f, ()))
+    namespace["LATE"] = 2.0
+    assert guard((f, ())) == value_fingerprint((f, ())) != first
 
 
 def test_mutable_objects_are_summarized_on_every_call():
@@ -140,23 +198,97 @@ def test_mutable_objects_are_summarized_on_every_call():
     assert guard((g, ())) == value_fingerprint((g, ())) != first
 
 
-def test_a_prepared_operator_sees_a_rebound_closure_value_after_many_calls():
-    """End to end: the revalidated guard still re-records the traced graph when a scalar that the
-    graph baked in is rebound (the B1-like closure: numbers and a nested function)."""
+def test_equal_values_of_another_type_or_sign_differ():
+    """1 == 1.0 == True and 0.0 == -0.0, but a graph that baked one in computes something else
+    with the other (integer arithmetic, the sign of an infinity)."""
+    for a, b in [(1, 1.0), (1, True), (0.0, -0.0), (2.0, np.float64(2.0))]:
+        assert value_fingerprint((a,)) != value_fingerprint((b,)), (a, b)
+
+
+def test_hidden_state_makes_the_summary_incomplete():
+    cfg = {"s": 2.0}
+    get = cfg.get
+    for f in (lambda x: x * get("s"), lambda x: x * random.random(), lambda x: x * len(list(range(300)) * 0 + BIG)):
+        assert not value_fingerprint((f, ()))[1]
+
+
+BIG = list(range(300))
+
+
+def test_hashing_an_index_tensor_leaves_it_resizable():
+    """The summary hashes a small integer tensor by content: through a copy, numpy() on the
+    caller's own storage makes it non-resizable for good (and a later resize_ corrupts memory)."""
+    idx = torch.arange(4)
+    fingerprint(lambda x: x[idx])
+    value_fingerprint((lambda x: x[idx],))
+    idx.resize_(1000)
+    idx.fill_(1)
+    assert int(idx.sum()) == 1000
+
+
+def _tracing(op):
+    state = op.state
+    return (getattr(state, "fused", None) or state.products).tracing
+
+
+class Gain:
+    s = 2.0
+
+
+def _comprehension_global(x):
+    return torch.stack([x[i] * x[i] * SCALE for i in range(x.numel())])
+
+
+def _class_attribute(x):
+    return x * x * Gain.s + torch.roll(x, 1)
+
+
+@pytest.mark.parametrize("case", ["closure", "comprehension", "class"])
+def test_a_traced_operator_sees_a_changed_value_after_many_calls(case):
+    """End to end: after 60 calls the products run as a recorded graph with the scalar baked in;
+    changing the scalar (rebinding a closure cell, a global read only inside a comprehension, a
+    class attribute) records the graph again. The last two were unseen before (wrong Jacobians)."""
+    global SCALE
     scale = 2.0
 
     def lap(w):
         return torch.roll(w, 1) - 2 * w + torch.roll(w, -1)
 
-    def f(x):
+    def closure(x):
         return x * x * scale + lap(x)
 
-    x = torch.rand(40, dtype=torch.float64)
+    f = {"closure": closure, "comprehension": _comprehension_global, "class": _class_attribute}[case]
+    x = torch.rand(12, dtype=torch.float64)
     op = asd.prepare_jacobian(f, x)
     for _ in range(60):
         op(x)
-    for value in (3.0, -1.0):
-        scale = value
+    tracing = _tracing(op)
+    assert tracing.graphs and not tracing.disabled
+    if case == "closure":
+        scale = 3.0
+    elif case == "comprehension":
+        SCALE = 3.0
+    else:
+        Gain.s = 3.0
+    try:
         for _ in range(3):
             torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
-    assert isinstance(f, types.FunctionType)
+        assert tracing.misses == 1
+    finally:
+        Gain.s = 2.0
+
+
+def test_a_bound_builtin_keeps_the_operator_off_traced_graphs():
+    cfg = {"s": 2.0}
+    get = cfg.get
+
+    def f(x):
+        return x * x * get("s")
+
+    x = torch.rand(8, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    for _ in range(60):
+        op(x)
+    cfg["s"] = 5.0
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+    assert not _tracing(op).graphs

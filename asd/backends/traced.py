@@ -5,7 +5,8 @@ operation on every call. After a prepared operator's first calls, :class:`Tracin
 batched products with ``make_fx`` into a graph of plain ATen operations (the same operations, so
 the same bits) and runs that graph instead. A graph bakes in the Python values ``f`` read while it
 was recorded and holds its tensors by reference, so every call first compares a value fingerprint
-of ``f`` and its extra arguments (:func:`asd.cache.value_fingerprint`) with the recorded one: a
+of ``f`` and its extra arguments (:func:`asd.cache.value_fingerprint`, revalidated without walking
+``f`` again by :class:`asd.cache.ValueGuard` while nothing it read changed) with the recorded one: a
 change drops the graph (and after :data:`MAX_MISSES` changes tracing stops for good). Tracing is
 only used when that fingerprint is complete - nothing ``f`` reads is summarized by identity alone -
 and the operator's pattern holds everywhere (not ``local=True``, not a user ``pattern=``).

@@ -137,16 +137,12 @@ def test_bidirectional_deterministic():
         assert np.array_equal(r1.plan.gather, r2.plan.gather)
 
 
-def test_smb_speed():
-    import time
-
+@pytest.mark.timeout(120)  # a guard against a hang; its speed is measured in benchmarks/coloring.py
+def test_smb_bidirectional_colors():
     from asd.coloring.mtx import read_pattern
 
     A = read_pattern("tests/data/matrices/smb_jac_pattern.mtx")
-    C.color(A, "bidirectional")  # compile / warm up
-    t = time.perf_counter()
     r = C.color(A, "bidirectional", postprocess=True)
-    assert time.perf_counter() - t < 1.0
     assert r.ncolors <= 10
 
 

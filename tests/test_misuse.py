@@ -138,14 +138,11 @@ def test_load_refuses_other_files(tmp_path):
 
 # -- dense patterns: no hang, dense AD through the same pipeline, a warning ---------------------
 
+@pytest.mark.timeout(60)  # the guard against a hang (a quadratic greedy pass took minutes)
 def test_dense_pattern_falls_back_to_one_color_each_without_hanging():
-    import time
-
     n = 3000
     P = sp.csr_array(np.ones((n // 2, n), dtype=bool))  # 1500 dense rows: every column coloring needs n
-    t0 = time.perf_counter()
     col = asd.color(P, "column")
-    assert time.perf_counter() - t0 < 1.0
     assert col.ncolors == n and col.order == "dense"
     row = asd.color(P, "row")
     assert row.ncolors == n // 2 and row.order == "dense"

@@ -39,6 +39,7 @@ __all__ = ["PatternCache", "CACHE", "cache_key", "fingerprint", "value_fingerpri
 _MAX_DEPTH = 4
 _MAX_ITEMS = 256
 _HASH_LIMIT = 1 << 16  # elements of an integer/bool tensor or array hashed by content
+_SMALL_FLOAT = 16  # float tensors up to this size are summarized with their version counter (values=True)
 
 
 class _Fingerprint:
@@ -61,7 +62,10 @@ class _Fingerprint:
         floating = t.is_floating_point() or t.is_complex()
         if floating and t.layout == torch.strided:
             key = ("float tensor", tuple(t.shape), str(t.dtype), str(t.device))
-            return key + (id(t),) if self.values else key
+            if not self.values:
+                return key
+            # a small one's version too: its values may be read as Python numbers (.tolist())
+            return key + (id(t), t._version) if t.numel() <= _SMALL_FLOAT else key + (id(t),)
         meta = ("tensor", id(t), tuple(t.shape), str(t.dtype), str(t.device), t.layout, t._version)
         if t.layout == torch.strided and t.device.type == "cpu" and t.numel() <= _HASH_LIMIT and not floating:
             # a copy: numpy() on the caller's own storage would make it non-resizable for good
@@ -78,8 +82,9 @@ class _Fingerprint:
         for name, b in mod.named_buffers(recurse=True):
             items.append((name, self.tensor(b) if b is not None else None))
         for name, sub in mod.named_modules():
-            plain = {k: v for k, v in vars(sub).items() if not k.startswith("_") and k != "training"}
-            items.append((name, type(sub).__qualname__, id(sub), self(plain, depth + 1)))
+            self.klass(type(sub))  # a user's module class: its forward's code and globals are unseen
+            state = {k: v for k, v in vars(sub).items() if k not in ("_parameters", "_buffers", "_modules")}
+            items.append((name, type(sub).__qualname__, id(sub), self(state, depth + 1)))
         return tuple(items)
 
     def function(self, fn: types.FunctionType, depth: int):
@@ -91,28 +96,24 @@ class _Fingerprint:
             cells = tuple(self(c.cell_contents, depth + 1) if _cell_filled(c) else "<empty>"
                           for c in (fn.__closure__ or ()))
             g = fn.__globals__
-            names = tuple((n, self(g[n], depth + 1)) for n in _global_names(code) if n in g)
+            global_names, hidden = _code_reads(code)
+            if hidden:
+                self.complete = False  # an import or globals()/eval: reads no name lists
+            names = tuple((n, self(g[n], depth + 1)) for n in global_names if n in g)
             attributes = self(fn.__dict__, depth + 1) if fn.__dict__ else None
             return ("function", id(code), self(fn.__defaults__, depth + 1), self(fn.__kwdefaults__, depth + 1),
                     attributes, cells, names)
         finally:
             self._open.discard(id(fn))
 
-    def klass(self, cls: type, depth: int):
-        """A class by identity and, unless it comes from a pure module, by the attributes its
-        classes define (``C.scale`` read by ``f`` is a value a traced graph bakes in)."""
-        if _module_root(cls) in self.PURE_MODULES or cls.__module__ == "builtins":
-            return ("ref", id(cls))
-        own = []
-        for base in cls.__mro__:
-            if base is object or _module_root(base) in self.PURE_MODULES:
-                continue
-            attrs = tuple((k, self(_unwrap(v), depth + 1)) for k, v in list(vars(base).items())[:_MAX_ITEMS]
-                          if not (k.startswith("__") and k.endswith("__")))
-            if len(vars(base)) > _MAX_ITEMS:
-                self.complete = False
-            own.append((id(base), attrs))
-        return ("class", id(cls), tuple(own))
+    def klass(self, cls: type):
+        """A class by identity. A class of the user's own (not from a pure module or the standard
+        library) makes the summary incomplete: its attributes, its methods' code and their globals
+        can change what ``f`` computes, and its instances reach them."""
+        root = _module_root(cls)
+        if root not in self.PURE_MODULES and root not in _STDLIB:
+            self.complete = False
+        return ("ref", id(cls))
 
     def builtin(self, obj):
         """A built-in function: by identity when it is a pure module's or Python's own; one bound
@@ -121,7 +122,7 @@ class _Fingerprint:
         owner = getattr(obj, "__self__", None)
         if owner is not None and not isinstance(owner, types.ModuleType):
             self.complete = False
-        elif (getattr(obj, "__module__", None) or "builtins").split(".")[0] not in self.PURE_MODULES + ("builtins",):
+        elif _module_root(obj) not in self.PURE_MODULES + ("builtins", "") or _stateful(obj):
             self.complete = False
         return ("builtin", id(obj))
 
@@ -160,6 +161,16 @@ class _Fingerprint:
             return obj
         if isinstance(obj, (int, str, bytes)):  # a subclass (an IntEnum): its type too
             return (type(obj).__qualname__, obj)
+        if isinstance(obj, (torch.dtype, torch.device, torch.layout, torch.memory_format, np.dtype)):
+            return (type(obj).__name__, str(obj))
+        if isinstance(obj, types.ModuleType):
+            if obj.__name__.split(".")[0] not in self.PURE_MODULES or _stateful(obj):
+                self.complete = False  # e.g. random, time, numpy.random: state a summary cannot see
+            return ("ref", id(obj))
+        if isinstance(obj, type):
+            return self.klass(obj)
+        if isinstance(obj, types.BuiltinFunctionType):
+            return self.builtin(obj)
         if depth > _MAX_DEPTH:
             self.complete = False
             return ("deep", type(obj).__qualname__, id(obj))
@@ -171,14 +182,6 @@ class _Fingerprint:
                         hashlib.blake2b(np.ascontiguousarray(obj).tobytes(), digest_size=8).hexdigest())
             self.complete = self.complete and not self.values
             return ("ndarray", id(obj), obj.shape, str(obj.dtype))
-        if isinstance(obj, types.ModuleType):
-            if obj.__name__.split(".")[0] not in self.PURE_MODULES:
-                self.complete = False  # e.g. random, time: state a summary cannot see
-            return ("ref", id(obj))
-        if isinstance(obj, type):
-            return self.klass(obj, depth)
-        if isinstance(obj, types.BuiltinFunctionType):
-            return self.builtin(obj)
         if isinstance(obj, torch.nn.Module):
             return self.module(obj, depth)
         if isinstance(obj, types.FunctionType):
@@ -193,9 +196,15 @@ class _Fingerprint:
             return ("dict", len(obj)) + tuple((self(k, depth + 1), self(v, depth + 1))
                                               for k, v in self._items(list(obj.items())))
         if isinstance(obj, (set, frozenset)):
-            return ("set", len(obj), tuple(sorted(repr(v) for v in self._items(list(obj)))))
+            items = self._items(list(obj))
+            if not all(type(v) in (int, float, bool, str, bytes, type(None)) for v in items):
+                self.complete = False  # summarized by repr: the state of its items is unseen
+            return ("set", len(obj), tuple(sorted(repr(v) for v in items)))
         state = getattr(obj, "__dict__", None)
         if isinstance(state, dict):
+            self.klass(type(obj))
+            if any("__slots__" in vars(c) for c in type(obj).__mro__):
+                self.complete = False  # slot values live outside __dict__
             return ("object", type(obj).__qualname__, id(obj), self(state, depth + 1))
         if not isinstance(obj, types.BuiltinFunctionType):
             self.complete = False
@@ -209,27 +218,46 @@ def _number(v) -> tuple:
     return (type(v).__name__, float(v).hex())
 
 
+#: standard-library modules whose classes (Enum, ABC, NamedTuple, ...) are summarized by identity
+_STDLIB = ("builtins", "enum", "abc", "numbers", "typing", "collections", "dataclasses", "functools", "types",
+           "decimal", "fractions", "operator", "itertools", "math", "cmath", "")
+#: names through which code reads what no name list shows
+_HIDDEN_READS = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__", "importlib"})
+
+
+def _stateful(obj) -> bool:
+    """numpy.random and torch's generators: pure modules' state a summary cannot see."""
+    name = getattr(obj, "__name__", "") if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", "") or ""
+    return name.startswith("numpy.random") or name == "random"
+
+
 @functools.lru_cache(maxsize=4096)
-def _global_names(code: types.CodeType) -> tuple:
-    """The names ``code`` and the code nested in it (comprehensions, generator expressions, inner
-    functions and lambdas: their own code objects) may read as globals."""
+def _code_reads(code: types.CodeType) -> tuple[tuple, bool]:
+    """``(names, hidden)``: the names ``code`` and the code nested in it (comprehensions,
+    generator expressions, inner functions and lambdas: their own code objects) may read as
+    globals, and whether it also reads in ways no name list shows (an import of a module that is
+    not pure, ``globals()``, ``eval``)."""
+    import dis
+
     names = dict.fromkeys(code.co_names)
+    hidden = bool(_HIDDEN_READS & set(code.co_names))
+    for ins in dis.get_instructions(code):
+        if ins.opname == "IMPORT_NAME" and str(ins.argval).split(".")[0] not in _Fingerprint.PURE_MODULES:
+            hidden = True
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            names.update(dict.fromkeys(_global_names(c)))
-    return tuple(names)
+            inner, inner_hidden = _code_reads(c)
+            names.update(dict.fromkeys(inner))
+            hidden = hidden or inner_hidden
+    return tuple(names), hidden
+
+
+def _global_names(code: types.CodeType) -> tuple:
+    return _code_reads(code)[0]
 
 
 def _module_root(obj) -> str:
     return (getattr(obj, "__module__", None) or "").split(".")[0]
-
-
-def _unwrap(v):
-    if isinstance(v, (staticmethod, classmethod)):
-        return v.__func__
-    if isinstance(v, property):
-        return (v.fget, v.fset, v.fdel)
-    return v
 
 
 def _cell_filled(cell) -> bool:
@@ -256,7 +284,8 @@ def value_fingerprint(f: Callable) -> tuple[object, bool]:
 _EMPTY = object()    # an empty closure cell
 _MISSING = object()  # a name the function's globals do not hold
 # objects whose summary is their value or their identity: found in the same slot, they summarize the same
-_SETTLED = frozenset({int, float, complex, bool, str, bytes, type(None), types.ModuleType, types.BuiltinFunctionType})
+_SETTLED = frozenset({int, float, complex, bool, str, bytes, type(None), types.ModuleType, types.BuiltinFunctionType,
+                      type, torch.dtype, torch.device, torch.layout, torch.memory_format})
 
 
 class _Watching(_Fingerprint):

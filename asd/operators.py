@@ -308,7 +308,8 @@ class _SparseOperator:
 
     def _make_tracing(self) -> Tracing:
         guard = ValueGuard()
-        return Tracing(lambda: guard((self.f, self._call_args)))
+        # the default dtype too: torch.tensor(0.1) in f records a constant of that dtype
+        return Tracing(lambda: guard((self.f, self._call_args, torch.get_default_dtype())))
 
     @property
     def strategy(self) -> str:

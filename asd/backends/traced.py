@@ -17,8 +17,17 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES"]
+
+
+class _NoPythonNumbers(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            raise RuntimeError("f reads a tensor's value as a Python number (.item(), float()): a recorded graph "
+                               "would keep that number")
+        return func(*args, **(kwargs or {}))
 
 #: calls evaluated through torch.func before the products are recorded: recording costs tens of
 #: eager calls (0.5 s for the cart-pole Hessian, whose IPOPT solve makes about 15 calls and took
@@ -67,22 +76,28 @@ class Tracing:
 
     def _record(self, make_fx, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products' graph: a compiled operator records it without ``make_fx`` (which imports
-        Dynamo: a second of a fresh process that only loads a cached compiled artifact)."""
-        if self.compile:
-            from .record import RecordingError, record
+        Dynamo: a second of a fresh process that only loads a cached compiled artifact). A tensor
+        read as a Python number (``w.item()``, ``float(w)``) refuses the recording: the graph would
+        keep the number while the tensor changes in place."""
+        with _NoPythonNumbers():
+            if self.compile:
+                from .record import RecordingError, record
 
-            try:
-                return record(fn, x, seeds)
-            except RecordingError:
-                pass
-        return make_fx(lambda a, b: fn(a, b))(x, seeds)
+                try:
+                    return record(fn, x, seeds)
+                except RecordingError:
+                    pass
+            return make_fx(lambda a, b: fn(a, b))(x, seeds)
 
     def run(self, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products through the recorded graph, or ``None`` (evaluate ``fn`` itself)."""
         if self.disabled:
             return None
         self.calls += 1
-        stamp, complete = self.guard()
+        try:
+            stamp, complete = self.guard()
+        except Exception:  # noqa: BLE001 - what f reads cannot be summarized: f itself runs
+            stamp, complete = None, False
         if not complete:
             self.disabled = True
             return None

@@ -8,13 +8,18 @@ What the cache observes, and so what it trusts:
 * the input's shape, dtype, device and ``requires_grad``, the grad mode and the options;
 * a fingerprint of what the function reads (:func:`fingerprint`): its code, closure cells,
   defaults, attributes, the globals its code names (comprehensions and inner functions included),
-  a bound method's object, the attributes of the classes it names (those of pure modules such as
-  torch by identity), and for ``nn.Module``s the training flag, the names, shapes and dtypes of
-  parameters and buffers, the submodules' identities and their plain attributes. Small integer
-  tensors and arrays (indices) are hashed by content; float values (scalars and tensors) are not
-  part of it: they change values, not sparsity. A built-in bound to an object (``cfg.get``,
-  ``random.random``), a module with hidden state (``random``, ``time``) or a container past 256
-  items makes the summary *incomplete*: traced graphs are then not used.
+  a bound method's object, classes by identity, and for ``nn.Module``s the training flags, the
+  names, shapes and dtypes of parameters and buffers, the submodules' identities and their
+  attributes (hooks included). Small integer tensors and arrays (indices) are hashed by content;
+  float values (scalars and tensors) are not part of it: they change values, not sparsity.
+
+Traced graphs use the ``values=True`` summary (:func:`value_fingerprint`, :class:`ValueGuard`),
+which adds float scalars by type and bits, tensors by identity (small float ones with their
+version counter) and the default dtype. Whatever it cannot see makes it *incomplete*, and traced
+graphs are then not used: the user's own classes and their instances (their attributes and their
+methods' code and globals), built-ins bound to objects (``cfg.get``, ``random.random``), modules
+with hidden state (``random``, ``time``, ``numpy.random``), imports inside ``f`` of modules that are
+not pure, ``globals()``/``eval``, objects with ``__slots__``, containers past 256 items.
 
 A hit whose fingerprint differs is prepared again. Everything the fingerprint cannot see is
 caught by the cross-mode probe that validates every hit (:mod:`asd.checks`). The cache is locked

@@ -14,12 +14,14 @@ What the cache observes, and so what it trusts:
   float values (scalars and tensors) are not part of it: they change values, not sparsity.
 
 Traced graphs use the ``values=True`` summary (:func:`value_fingerprint`, :class:`ValueGuard`),
-which adds float scalars by type and bits, tensors by identity (small float ones with their
-version counter) and the default dtype. Whatever it cannot see makes it *incomplete*, and traced
+which adds float scalars by type and bits, tensors by identity and the default dtype (a recording
+refuses ``f`` reading a tensor as Python numbers: ``.item()``, ``.tolist()``, ``.numpy()``).
+Whatever it cannot see makes it *incomplete*, and traced
 graphs are then not used: the user's own classes and their instances (their attributes and their
 methods' code and globals), built-ins bound to objects (``cfg.get``, ``random.random``), modules
 with hidden state (``random``, ``time``, ``numpy.random``), imports inside ``f`` of modules that are
-not pure, ``globals()``/``eval``, objects with ``__slots__``, containers past 256 items.
+not pure, ``globals()``/``eval``, objects with ``__slots__``, Python attributes on tensors,
+containers past 256 items. (A built-in name ``f`` reads from ``builtins`` is not watched.)
 
 A hit whose fingerprint differs is prepared again. Everything the fingerprint cannot see is
 caught by the cross-mode probe that validates every hit (:mod:`asd.checks`). The cache is locked
@@ -44,7 +46,6 @@ __all__ = ["PatternCache", "CACHE", "cache_key", "fingerprint", "value_fingerpri
 _MAX_DEPTH = 4
 _MAX_ITEMS = 256
 _HASH_LIMIT = 1 << 16  # elements of an integer/bool tensor or array hashed by content
-_SMALL_FLOAT = 16  # float tensors up to this size are summarized with their version counter (values=True)
 
 
 class _Fingerprint:
@@ -65,12 +66,13 @@ class _Fingerprint:
 
     def tensor(self, t: torch.Tensor):
         floating = t.is_floating_point() or t.is_complex()
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            self.klass(type(t))  # a tensor subclass of the user's own
+        if t.__dict__:
+            self.complete = False  # Python attributes on a tensor (w.scale): not summarized
         if floating and t.layout == torch.strided:
             key = ("float tensor", tuple(t.shape), str(t.dtype), str(t.device))
-            if not self.values:
-                return key
-            # a small one's version too: its values may be read as Python numbers (.tolist())
-            return key + (id(t), t._version) if t.numel() <= _SMALL_FLOAT else key + (id(t),)
+            return key + (id(t),) if self.values else key
         meta = ("tensor", id(t), tuple(t.shape), str(t.dtype), str(t.device), t.layout, t._version)
         if t.layout == torch.strided and t.device.type == "cpu" and t.numel() <= _HASH_LIMIT and not floating:
             # a copy: numpy() on the caller's own storage would make it non-resizable for good
@@ -88,7 +90,9 @@ class _Fingerprint:
             items.append((name, self.tensor(b) if b is not None else None))
         for name, sub in mod.named_modules():
             self.klass(type(sub))  # a user's module class: its forward's code and globals are unseen
-            state = {k: v for k, v in vars(sub).items() if k not in ("_parameters", "_buffers", "_modules")}
+            # (the many empty hook dicts are left out: a hook added later adds its key)
+            state = {k: v for k, v in vars(sub).items()
+                     if k not in ("_parameters", "_buffers", "_modules") and not (type(v) in _EMPTY_OK and not v)}
             items.append((name, type(sub).__qualname__, id(sub), self(state, depth + 1)))
         return tuple(items)
 
@@ -195,6 +199,10 @@ class _Fingerprint:
             return ("method", self(obj.__func__, depth + 1), self(obj.__self__, depth + 1))
         if isinstance(obj, functools.partial):
             return ("partial", self(obj.func, depth + 1), self(obj.args, depth + 1), self(obj.keywords, depth + 1))
+        if isinstance(obj, (list, tuple, dict, set, frozenset)) and type(obj) not in _EMPTY_OK:
+            self.klass(type(obj))  # a subclass (a NamedTuple, a dict with attributes) of the user's own
+            if getattr(obj, "__dict__", None):
+                self.complete = False
         if isinstance(obj, (list, tuple)):
             return (type(obj).__name__, len(obj)) + tuple(self(v, depth + 1) for v in self._items(obj))
         if isinstance(obj, dict):
@@ -224,14 +232,16 @@ def _number(v) -> tuple:
 
 
 #: standard-library modules whose classes (Enum, ABC, NamedTuple, ...) are summarized by identity
-_STDLIB = ("builtins", "enum", "abc", "numbers", "typing", "collections", "dataclasses", "functools", "types",
-           "decimal", "fractions", "operator", "itertools", "math", "cmath", "")
+_STDLIB = ("builtins", "enum", "abc", "numbers", "typing", "collections", "dataclasses", "types", "decimal",
+           "fractions", "cmath", "")
+#: containers summarized by their items alone
+_EMPTY_OK = (list, tuple, dict, set, frozenset, OrderedDict)
 #: names through which code reads what no name list shows
 _HIDDEN_READS = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__", "importlib"})
 
 
 def _stateful(obj) -> bool:
-    """numpy.random and torch's generators: pure modules' state a summary cannot see."""
+    """numpy.random and random: modules (or their functions) with state a summary cannot see."""
     name = getattr(obj, "__name__", "") if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", "") or ""
     return name.startswith("numpy.random") or name == "random"
 
@@ -296,9 +306,9 @@ _SETTLED = frozenset({int, float, complex, bool, str, bytes, type(None), types.M
 class _Watching(_Fingerprint):
     """A ``values=True`` summary that also notes every slot it read (a function's code, defaults,
     keyword defaults, attribute dict, closure cells and the globals its code names, present or
-    not) with the object found there. Numbers, strings, Python modules, built-ins, tuples and
-    functions are walked through; every other object (a tensor, a list, a dict, a class, an
-    ``nn.Module``, ...) is a *leaf*, summarized whole and kept to be summarized again."""
+    not) with the object found there. Numbers, strings, dtypes, Python modules, classes,
+    built-ins, tuples and functions are walked through; every other object (a tensor, a list, a
+    dict, an ``nn.Module``, ...) is a *leaf*, summarized whole and kept to be summarized again."""
 
     def __init__(self):
         super().__init__(values=True)
@@ -352,8 +362,8 @@ class ValueGuard:
 
     The guard of a traced graph runs on every call of a prepared operator. While the elements of
     ``objs`` are the same objects, every slot the last complete summary read holds the same object
-    and every leaf (a tensor, a list, a dict, a class, an ``nn.Module``, ...) summarizes as it
-    did, the summary is the same: it is answered without walking the functions again. It keeps the
+    and every leaf (a tensor, a list, a dict, an ``nn.Module``, ...) summarizes as it did, the
+    summary is the same: it is answered without walking the functions again. It keeps the
     objects of the last call (extra arguments included) alive until the next one."""
 
     def __init__(self):

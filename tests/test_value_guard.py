@@ -66,7 +66,7 @@ def _make():
         w.resize_(w.numel() + 1)
 
     def write_w():
-        w.mul_(2.0)  # a small float tensor's version counter is read (its values may be read as numbers)
+        w.mul_(2.0)  # float values are not part of the summary (a recording refuses reading them as numbers)
 
     def new_inner():
         nonlocal inner
@@ -122,7 +122,7 @@ def _make():
 
 NMUTATIONS = len(_make()[1])
 # change nothing f's summary reads (fill_k and to_holder restore what empty_k and to_random change)
-UNSEEN = ("rebind_k_equal", "add_global", "global_table", "fill_k", "to_holder")
+UNSEEN = ("rebind_k_equal", "write_w", "add_global", "global_table", "fill_k", "to_holder")
 
 
 @pytest.fixture(autouse=True)
@@ -276,7 +276,18 @@ class Config:
 
 
 CONFIG = Config()
-BOX = types.SimpleNamespace(w=torch.tensor(2.0, dtype=torch.float64), v=torch.tensor([2.0], dtype=torch.float64))
+BOX = types.SimpleNamespace(w=torch.tensor(2.0, dtype=torch.float64), v=torch.tensor([2.0], dtype=torch.float64),
+                            big=torch.full((40,), 2.0, dtype=torch.float64))
+TAGGED = torch.ones(12, dtype=torch.float64)
+TAGGED.scale = 2.0
+
+
+class Settings(dict):
+    pass
+
+
+SETTINGS = Settings()
+SETTINGS.scale = 2.0
 
 
 def _hidden_cases():
@@ -300,6 +311,11 @@ def _hidden_cases():
         "import inside f": (_imports_inside, lambda: set_scale(3.0)),
         "item()": (lambda z: z * z * BOX.w.item(), lambda: BOX.w.fill_(3.0)),
         "tolist()": (lambda z: z * z * BOX.v.tolist()[0], lambda: BOX.v.fill_(3.0)),
+        "tolist() of a large tensor": (lambda z: z * z * BOX.big.tolist()[3], lambda: BOX.big.fill_(3.0)),
+        "np.asarray": (lambda z: z * z * float(np.asarray(BOX.big)[5]), lambda: BOX.big.fill_(3.0)),
+        "write through .data": (lambda z: z * z * BOX.v.tolist()[0], lambda: BOX.v.data.fill_(3.0)),
+        "tensor attribute": (lambda z: z * TAGGED * TAGGED.scale, lambda: setattr(TAGGED, "scale", 3.0)),
+        "dict subclass attribute": (lambda z: z * z * SETTINGS.scale, lambda: setattr(SETTINGS, "scale", 3.0)),
         "default dtype": (lambda z: z * torch.tensor(0.1), lambda: set_default_dtype(None)),
     }
 
@@ -320,12 +336,14 @@ def test_values_no_name_shows_are_not_kept_by_a_recorded_graph(case):
         for _ in range(60):
             op(x)
         change()
-        torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+        torch.testing.assert_close(op(x).to_dense(), torch.autograd.functional.jacobian(f, x))
     finally:
         SCALE = 2.0
         Gain.s = Config.s = 2.0
         BOX.w.fill_(2.0)
         BOX.v.fill_(2.0)
+        BOX.big.fill_(2.0)
+        TAGGED.scale = SETTINGS.scale = 2.0
         torch.set_default_dtype(torch.float32)
 
 
@@ -343,3 +361,25 @@ def test_a_bound_builtin_keeps_the_operator_off_traced_graphs():
     cfg["s"] = 5.0
     torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
     assert not _tracing(op).graphs
+
+
+def test_a_training_loop_keeps_its_traced_graph():
+    """Parameters updated in place (an optimizer step) are read by reference: the recorded graph
+    stays in use and follows them (a small bias's version counter once dropped it after two steps)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.Tanh(), torch.nn.Linear(8, 12)).double()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    f = lambda z: net(z)  # noqa: E731
+    x = torch.rand(12, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    for _ in range(60):
+        op(x)
+    tracing = _tracing(op)
+    assert tracing.graphs and not tracing.disabled
+    for _ in range(4):
+        opt.zero_grad()
+        net(torch.rand(12, dtype=torch.float64)).pow(2).sum().backward()
+        opt.step()
+        with torch.no_grad():
+            torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+    assert tracing.graphs and not tracing.disabled and tracing.misses == 0

@@ -17,17 +17,38 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES"]
 
 
 class _NoPythonNumbers(TorchDispatchMode):
+    """Refuses a tensor read as a Python number (``.item()``, ``float()``) while the products are
+    recorded: the graph would keep the number while the tensor changes."""
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:
             raise RuntimeError("f reads a tensor's value as a Python number (.item(), float()): a recorded graph "
                                "would keep that number")
         return func(*args, **(kwargs or {}))
+
+
+_HOST_READS = frozenset(getattr(cls, n) for cls in (torch.Tensor, torch._C.TensorBase)
+                        for n in ("tolist", "numpy", "__array__", "data_ptr", "untyped_storage", "storage")
+                        if hasattr(cls, n))
+
+
+class _NoHostReads(TorchFunctionMode):
+    """Refuses, while the products are recorded, the reads of a tensor's memory that bypass
+    dispatch (``.tolist()``, ``.numpy()``, ``np.asarray``): their values would be kept too."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _HOST_READS:
+            raise RuntimeError(f"f reads a tensor's memory outside PyTorch's operations ({getattr(func, '__name__', func)}): "
+                               "a recorded graph would keep those values")
+        return func(*args, **(kwargs or {}))
+
 
 #: calls evaluated through torch.func before the products are recorded: recording costs tens of
 #: eager calls (0.5 s for the cart-pole Hessian, whose IPOPT solve makes about 15 calls and took
@@ -79,7 +100,7 @@ class Tracing:
         Dynamo: a second of a fresh process that only loads a cached compiled artifact). A tensor
         read as a Python number (``w.item()``, ``float(w)``) refuses the recording: the graph would
         keep the number while the tensor changes in place."""
-        with _NoPythonNumbers():
+        with _NoPythonNumbers(), _NoHostReads():
             if self.compile:
                 from .record import RecordingError, record
 

@@ -228,6 +228,17 @@ def _tracing(op):
     return (getattr(state, "fused", None) or state.products).tracing
 
 
+def _traced(f):
+    """``(op, x, tracing)``: an operator of ``f`` whose products run as a recorded graph."""
+    x = torch.rand(12, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    for _ in range(60):
+        op(x)
+    tracing = _tracing(op)
+    assert tracing.graphs and not tracing.disabled
+    return op, x, tracing
+
+
 class Gain:
     s = 2.0
 
@@ -251,12 +262,7 @@ def test_a_traced_operator_sees_a_changed_value_after_many_calls(case):
         return x * x * scale + lap(x)
 
     f = {"closure": closure, "comprehension": _comprehension_global}[case]
-    x = torch.rand(12, dtype=torch.float64)
-    op = asd.prepare_jacobian(f, x)
-    for _ in range(60):
-        op(x)
-    tracing = _tracing(op)
-    assert tracing.graphs and not tracing.disabled
+    op, x, tracing = _traced(f)
     if case == "closure":
         scale = 3.0
     else:
@@ -370,12 +376,7 @@ def test_a_training_loop_keeps_its_traced_graph():
     net = torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.Tanh(), torch.nn.Linear(8, 12)).double()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     f = lambda z: net(z)  # noqa: E731
-    x = torch.rand(12, dtype=torch.float64)
-    op = asd.prepare_jacobian(f, x)
-    for _ in range(60):
-        op(x)
-    tracing = _tracing(op)
-    assert tracing.graphs and not tracing.disabled
+    op, x, tracing = _traced(f)
     for _ in range(4):
         opt.zero_grad()
         net(torch.rand(12, dtype=torch.float64)).pow(2).sum().backward()

@@ -92,7 +92,7 @@ class _Fingerprint:
             self.klass(type(sub))  # a user's module class: its forward's code and globals are unseen
             # (the many empty hook dicts are left out: a hook added later adds its key)
             state = {k: v for k, v in vars(sub).items()
-                     if k not in ("_parameters", "_buffers", "_modules") and not (type(v) in _EMPTY_OK and not v)}
+                     if k not in ("_parameters", "_buffers", "_modules") and not (type(v) in _PLAIN_CONTAINERS and not v)}
             items.append((name, type(sub).__qualname__, id(sub), self(state, depth + 1)))
         return tuple(items)
 
@@ -199,7 +199,7 @@ class _Fingerprint:
             return ("method", self(obj.__func__, depth + 1), self(obj.__self__, depth + 1))
         if isinstance(obj, functools.partial):
             return ("partial", self(obj.func, depth + 1), self(obj.args, depth + 1), self(obj.keywords, depth + 1))
-        if isinstance(obj, (list, tuple, dict, set, frozenset)) and type(obj) not in _EMPTY_OK:
+        if isinstance(obj, (list, tuple, dict, set, frozenset)) and type(obj) not in _PLAIN_CONTAINERS:
             self.klass(type(obj))  # a subclass (a NamedTuple, a dict with attributes) of the user's own
             if getattr(obj, "__dict__", None):
                 self.complete = False
@@ -234,8 +234,8 @@ def _number(v) -> tuple:
 #: standard-library modules whose classes (Enum, ABC, NamedTuple, ...) are summarized by identity
 _STDLIB = ("builtins", "enum", "abc", "numbers", "typing", "collections", "dataclasses", "types", "decimal",
            "fractions", "cmath", "")
-#: containers summarized by their items alone
-_EMPTY_OK = (list, tuple, dict, set, frozenset, OrderedDict)
+#: the built-in containers (summarized by their items alone; no attributes, no class of the user's)
+_PLAIN_CONTAINERS = (list, tuple, dict, set, frozenset, OrderedDict)
 #: names through which code reads what no name list shows
 _HIDDEN_READS = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__", "importlib"})
 
@@ -265,10 +265,6 @@ def _code_reads(code: types.CodeType) -> tuple[tuple, bool]:
             names.update(dict.fromkeys(inner))
             hidden = hidden or inner_hidden
     return tuple(names), hidden
-
-
-def _global_names(code: types.CodeType) -> tuple:
-    return _code_reads(code)[0]
 
 
 def _module_root(obj) -> str:
@@ -328,7 +324,7 @@ class _Watching(_Fingerprint):
     def function(self, fn: types.FunctionType, depth: int):
         # the slots _Fingerprint.function reads (a dict found there, fn.__dict__ included, is a leaf)
         cells = fn.__closure__ or ()
-        names = _global_names(fn.__code__)
+        names = _code_reads(fn.__code__)[0]
         self.functions.append((fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, fn.__dict__, not fn.__dict__,
                                cells, tuple(c.cell_contents if _cell_filled(c) else _EMPTY for c in cells),
                                fn.__globals__, names, tuple(fn.__globals__.get(n, _MISSING) for n in names)))

@@ -11,7 +11,7 @@ import warnings as _warnings
 _warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state", category=UserWarning)
 
 from .api import (clear_cache, gradient_and_hessian, prepare_hessian, prepare_jacobian, sparse_hessian,
-                  sparse_jacobian, to_scipy)
+                  sparse_jacobian, to_cupy, to_scipy)
 from .coloring import Coloring, color
 from .detection import hessian_sparsity, jacobian_sparsity
 from .detection.verify import VerifyReport, verify
@@ -29,6 +29,6 @@ __all__ = [
     "SparsityPattern", "ADGapWarning", "CheckError", "StalePatternWarning", "TransformUnsupported", "HostFallbackWarning",
     "jacobian_sparsity", "hessian_sparsity", "verify", "VerifyReport", "color", "Coloring", "sparse_jacobian", "prepare_jacobian",
     "SparseJacobian", "sparse_hessian", "prepare_hessian", "SparseHessian", "gradient_and_hessian",
-    "clear_cache", "to_scipy", "AsdError", "TracingError", "UnsupportedOpError", "UnsupportedOpWarning",
+    "clear_cache", "to_scipy", "to_cupy", "AsdError", "TracingError", "UnsupportedOpError", "UnsupportedOpWarning",
     "ColoringError", "DecompressionError", "InputError", "ConvergenceWarning", "linalg", "distributions",
 ]

@@ -175,3 +175,37 @@ def to_scipy(t: torch.Tensor) -> sp.csr_array:
     t = t.detach().cpu()
     return sp.csr_array((t.values().numpy(), t.col_indices().numpy().astype(np.int64),
                          t.crow_indices().numpy().astype(np.int64)), shape=tuple(t.shape))
+
+
+def to_cupy(t: torch.Tensor):
+    """A ``torch.sparse_csr`` (or COO) 2-D CUDA tensor as a ``cupyx.scipy.sparse.csr_matrix`` on
+    the same GPU, through DLPack: the values are shared, not copied (CuPy's CSR keeps int32 indices:
+    those are converted, on the GPU). Needs CuPy (``pip install asd[cuda]``).
+
+    Writing into the result's ``data`` writes into ``t``'s values; ``t`` must not require grad.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"to_cupy converts a torch sparse tensor, got {type(t).__name__}")
+    if t.dim() != 2 or t.layout not in (torch.sparse_csr, torch.sparse_coo):
+        raise InputError(f"to_cupy converts a 2-D sparse CSR or COO matrix, got a {t.dim()}-D {t.layout} tensor; "
+                         "a dense CUDA tensor goes to CuPy with cupy.from_dlpack(t)")
+    if t.device.type != "cuda":
+        raise InputError(f"to_cupy converts a CUDA tensor, got one on {t.device}; use asd.to_scipy(t) for a host "
+                         "matrix, or move it first with t.to('cuda')")
+    try:
+        import cupy
+        import cupyx.scipy.sparse as csp
+    except ImportError as exc:
+        raise ImportError("asd.to_cupy needs CuPy: pip install asd[cuda] (or the cupy-cudaXXx wheel matching "
+                          "your CUDA)") from exc
+    if t.layout == torch.sparse_coo:
+        t = t.coalesce().to_sparse_csr()
+    t = t.detach()
+    if max(t.shape) >= 2**31 or t.values().numel() >= 2**31:
+        raise InputError(f"to_cupy: CuPy's CSR matrices hold int32 indices; a {tuple(t.shape)} matrix with "
+                         f"{t.values().numel()} entries does not fit")
+    with cupy.cuda.Device(t.device.index if t.device.index is not None else torch.cuda.current_device()):
+        values = cupy.from_dlpack(t.values())
+        col = cupy.from_dlpack(t.col_indices()).astype(cupy.int32, copy=False)
+        crow = cupy.from_dlpack(t.crow_indices()).astype(cupy.int32, copy=False)
+        return csp.csr_matrix((values, col, crow), shape=tuple(t.shape), copy=False)

@@ -31,7 +31,7 @@ from .detection.ad_gaps import unsafe_modes
 from .errors import ADGapWarning, AsdError, CheckError, InputError, TransformUnsupported
 from .guards import ModuleStateGuard
 from .memory import auto_batch_size
-from .options import check_batch_size, check_bool, check_choice
+from .options import check_batch_size, check_bool, check_choice, check_compile
 from .patterns import SparsityPattern, as_pattern
 
 JACOBIAN_COLORINGS = ("column", "row", "bidirectional")
@@ -185,7 +185,8 @@ class _SparseOperator:
         check_context(x)
         check_batch_size(batch_size)
         self._local = local
-        for name, value in (("compile", compile), ("local", local), ("strict", strict)):
+        check_compile(compile)
+        for name, value in (("local", local), ("strict", strict)):
             check_bool(name, value)
         if not isinstance(args, tuple):
             raise TypeError(f"args must be a tuple of f's extra arguments, got {type(args).__name__}")
@@ -595,6 +596,8 @@ class SparseJacobian(_SparseOperator):
         (:mod:`asd.memory`); ``op.batch_size`` is the value in use.
     compile
         Evaluate through ``torch.compile`` (falls back to eager with a warning if it fails).
+        ``"reduce-overhead"``: compiled, and on a CUDA input the compiled products are replayed
+        as a captured CUDA graph (one launch per call; :mod:`asd.backends.cudagraph`).
     local
         Detect the pattern at ``x`` with its values (valid at that point only).
     strict
@@ -636,7 +639,7 @@ class SparseJacobian(_SparseOperator):
     _what = "this SparseJacobian"
 
     def __init__(self, f: Callable, x: torch.Tensor, *, mode: str = "auto", coloring: str | None = None,
-                 order: str = "natural", batch_size: int | None = None, compile: bool = False,
+                 order: str = "natural", batch_size: int | None = None, compile: bool | str = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
                  check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None,
                  trace: bool | None = None):
@@ -758,7 +761,7 @@ class SparseHessian(_SparseOperator):
     _what = "this SparseHessian"
 
     def __init__(self, f: Callable, x: torch.Tensor, *, coloring: str | None = None, order: str = "natural",
-                 hvp: str = "auto", batch_size: int | None = None, compile: bool = False,
+                 hvp: str = "auto", batch_size: int | None = None, compile: bool | str = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
                  check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None,
                  trace: bool | None = None):

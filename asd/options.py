@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .errors import InputError
 
-__all__ = ["check_bool", "check_batch_size", "check_choice", "check_seed"]
+__all__ = ["check_bool", "check_batch_size", "check_choice", "check_seed", "check_compile", "COMPILE_MODES"]
 
 
 def check_bool(name: str, value) -> bool:
@@ -34,3 +34,16 @@ def check_seed(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InputError(f"seed must be a non-negative integer, got {value!r}")
     return value
+
+
+#: the ``compile=`` values: ``"reduce-overhead"`` also replays the compiled products of a CUDA input
+#: as a captured CUDA graph (PyTorch's name for the same in ``torch.compile``)
+COMPILE_MODES = (False, True, "reduce-overhead")
+
+
+def check_compile(value) -> bool | str:
+    """``compile=``: ``False``, ``True`` or ``"reduce-overhead"``."""
+    if value is True or value is False or (isinstance(value, str) and value == "reduce-overhead"):
+        return value
+    raise TypeError(f"compile must be True, False or 'reduce-overhead' (compiled, and replayed as a CUDA graph on a "
+                    f"GPU), got {value!r} ({type(value).__name__})")

@@ -1,7 +1,8 @@
 """Runs inside the JAX environment: asdex on a PEERS.md problem, eager and jitted, timed by the
 harness's policy (asd/timing.py, loaded by path: this environment has no torch); prints one JSON line.
 
-Usage: python _asdex_runner.py brusselator|rosenbrock SIZE POLICY_JSON
+Usage: python _asdex_runner.py brusselator|rosenbrock SIZE POLICY_JSON [call]
+(``call``: the prepared call only, no one-off; the JAX default device, a GPU where JAX has one)
 """
 
 import importlib.util
@@ -84,12 +85,15 @@ def main():
     f, n, prepare = PROBLEMS[problem](size)
     x = jnp.asarray(np.random.default_rng(0).random(n))
     variants = {"eager": lambda g: g, "jit": jax.jit}
+    call_only = len(sys.argv) > 4 and sys.argv[4] == "call"
     oneoff, call = {}, {}
     for label, wrap in variants.items():
-        oneoff[label] = timing.measure(lambda: block(wrap(prepare(f, x))(x)), policy).to_json()
+        if not call_only:
+            oneoff[label] = timing.measure(lambda: block(wrap(prepare(f, x))(x)), policy).to_json()
         fn = wrap(prepare(f, x))
         call[label] = timing.measure(lambda: block(fn(x)), policy).to_json()
-    print(json.dumps({"oneoff": oneoff, "call": call, "version": getattr(asdex, "__version__", None)}))
+    print(json.dumps({"oneoff": oneoff, "call": call, "version": getattr(asdex, "__version__", None),
+                      "device": str(x.devices().pop()) if hasattr(x, "devices") else None}))
 
 
 main()

@@ -413,3 +413,44 @@ def test_the_key_follows_settings_changed_between_compilations():
     with inductor_config.patch(max_autotune=not inductor_config.max_autotune):
         assert graph_key(gm, [a]) != k0
     assert graph_key(gm, [a]) == k0
+
+
+def test_aotinductor_only_where_its_loader_was_seen_to_work(monkeypatch):
+    """On torch 2.11, in a process that had used CUDA, AOTInductor's package loader killed the
+    process (H200 machine, benchmarks/gpu.py): there Inductor's own artifact is stored."""
+    if not (hasattr(torch._C, "_aoti") and compile_cache.AOTI):
+        pytest.skip("this torch has no AOTInductor loader")
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert compile_cache._aoti_available()
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    assert not compile_cache._aoti_available()
+    monkeypatch.setattr(torch, "__version__", "2.14.1")
+    assert compile_cache._aoti_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert not compile_cache._aoti_available()
+
+
+def test_inductor_artifacts_where_aotinductor_is_not_used(private_cache, monkeypatch):
+    monkeypatch.setattr(compile_cache, "_aoti_available", lambda: False)
+    gm, inputs = _graph(scale=1.75)
+    first = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
+    assert first.source == "compiled" and first.path.endswith(".bin")
+    z = torch.rand(6, dtype=torch.float64)
+    torch.testing.assert_close(first(z), gm(z))
+
+
+def test_reduce_overhead_on_the_cpu_is_compile():
+    """compile="reduce-overhead" captures CUDA graphs on a GPU only (tests/test_gpu.py); on the
+    CPU it is compile=True."""
+    from asd.backends.cudagraph import graphed
+
+    f, x = brusselator(4), brusselator_input(4)
+    op = asd.prepare_jacobian(f, x, compile="reduce-overhead")
+    tracing = _tracing(op)
+    assert tracing.compile and tracing.cuda_graphs
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+    assert tracing.compiled is not None and tracing.cuda_graph_error is None
+    fn = lambda a, b: a  # noqa: E731
+    assert graphed(fn, x, x[None], constant_seeds=True) == (fn, "not a CUDA input")

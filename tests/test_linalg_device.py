@@ -437,7 +437,9 @@ def test_cuda_products_and_sums_match_cpu(fresh_warnings):
 @needs_cuda
 @pytest.mark.parametrize("precision", [False, True])
 def test_cuda_sparse_mvn_matches_cpu(precision):
-    L, _ = random_sparse(6, 6, seed=10, tri="lower", diag=2.0)
+    _, D = random_sparse(6, 6, seed=10, tri="lower")
+    D.diagonal().copy_(1.0 + torch.rand(6, dtype=F64))  # a valid factor whatever the generator draws
+    L = D.to_sparse_csr()
     kw = "precision_tril" if precision else "scale_tril"
     d = SparseMultivariateNormal(torch.zeros(6, dtype=F64), **{kw: L.detach()})
     dc = SparseMultivariateNormal(torch.zeros(6, dtype=F64, device="cuda"),

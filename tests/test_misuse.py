@@ -211,3 +211,21 @@ def test_iterative_solver_counts(solver, kw, match):
 def test_verify_on_a_meta_tensor_names_the_device():
     with pytest.raises(asd.InputError, match="meta device"):
         asd.verify(torch.sin, torch.ones(3, device="meta"))
+
+
+@pytest.mark.parametrize("value", ["max-autotune", "reduce_overhead", 1])
+def test_compile_takes_true_false_or_reduce_overhead(value):
+    with raises("compile must be True, False or 'reduce-overhead'", TypeError):
+        asd.prepare_jacobian(f, X, compile=value)
+    with raises("compile", TypeError):
+        asd.prepare_hessian(g, X, compile=value)
+
+
+def test_to_cupy_refuses_what_it_cannot_convert():
+    J = asd.sparse_jacobian(f, X)
+    with raises("to_cupy converts a CUDA tensor.*to_scipy"):
+        asd.to_cupy(J)
+    with raises("2-D sparse CSR or COO"):
+        asd.to_cupy(J.to_dense())
+    with raises("to_cupy converts a torch sparse tensor", TypeError):
+        asd.to_cupy(np.zeros((2, 2)))

@@ -92,14 +92,15 @@ class BatchedProducts:
     batch_size
         Seed rows per call; ``None`` evaluates all of them at once.
     compile
-        Run ``fn`` through ``torch.compile``.
+        Run ``fn`` through ``torch.compile``; ``"reduce-overhead"``: and replay the compiled
+        products of a CUDA input as a captured CUDA graph (:mod:`asd.backends.cudagraph`).
     trace
         A :class:`~asd.backends.traced.Tracing` that records ``fn`` as a graph of ATen operations
         after the first calls and replays it while its guard holds (eager evaluation only).
     """
 
     def __init__(self, fn: Callable, seeds: torch.Tensor, *, batch_size: int | None = None,
-                 compile: bool = False, trace=None):
+                 compile: bool | str = False, trace=None):
         self.seeds = seeds
         self.batch_size = batch_size
         self._eager = fn
@@ -110,6 +111,7 @@ class BatchedProducts:
             trace.constant_seeds = batch_size is None or batch_size >= int(seeds.shape[0])
             if compile:
                 trace.compile = True  # compile the recorded graph; the transforms only if that fails
+                trace.cuda_graphs = compile == "reduce-overhead"
         # torch.compile of the transforms: the fallback when no graph can be recorded, made at
         # first use (creating it imports Dynamo: about 1 s of every compiled operator's preparation)
         self._compile_transforms = compile

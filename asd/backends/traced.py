@@ -75,6 +75,11 @@ class Tracing:
     def __init__(self, guard: Callable[[], tuple], compile: bool = False):
         self.guard = guard
         self.compile = compile
+        #: replay the compiled graph of a CUDA input as a captured CUDA graph
+        #: (:mod:`asd.backends.cudagraph`; ``compile="reduce-overhead"``)
+        self.cuda_graphs = False
+        #: why the compiled products of a CUDA input are not replayed as a CUDA graph (``None``: they are)
+        self.cuda_graph_error: str | None = None
         #: the seed rows passed to :meth:`run` are constants of the operator (never written): the
         #: compiled graph is specialized on them (:mod:`asd.backends.specialize`)
         self.constant_seeds = False
@@ -152,6 +157,10 @@ class Tracing:
 
                     graph = self.compiled = compile_products(graph, x, seeds, constant_seeds=self.constant_seeds,
                                                              owned=self.owned)
+                    if self.cuda_graphs and x.device.type == "cuda":
+                        from .cudagraph import graphed
+
+                        graph, self.cuda_graph_error = graphed(graph, x, seeds, constant_seeds=self.constant_seeds)
                 else:
                     graph = self.replay = eager_replay(graph, x, seeds, constant_seeds=self.constant_seeds,
                                                        owned=self.owned)

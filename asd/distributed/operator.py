@@ -36,7 +36,7 @@ from ..errors import ADGapWarning, AsdError, InputError
 from ..guards import ModuleStateGuard
 from ..memory import auto_batch_size
 from ..operators import EVAL_LOCK, HVP_MODES, SparseHessian, SparseJacobian, _check_call_input, check_context
-from ..options import check_batch_size, check_bool, check_choice
+from ..options import check_batch_size, check_choice, check_compile
 from ..patterns import SparsityPattern
 from . import layout
 from .layout import AllGather, AllToAll, Exchange, GatherToRoot
@@ -230,7 +230,7 @@ class DistributedOperator:
         rank, world, src = _group_info(group)
         check_choice("output", output, tuple(OUTPUTS))
         check_batch_size(batch_size)
-        check_bool("compile", compile)
+        check_compile(compile)
         check_context(x)
         if not isinstance(args, tuple):
             raise TypeError(f"args must be a tuple of f's extra arguments, got {type(args).__name__}")

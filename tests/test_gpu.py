@@ -1,0 +1,178 @@
+"""The Jacobian and Hessian paths on a CUDA device, against dense torch.func on the same device.
+
+Skipped without CUDA (``-m gpu`` selects them; tests/conftest.py adds the skip). The linear
+algebra's CUDA tests are in tests/test_linalg_device.py.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import asd
+from asd.problems import brusselator, brusselator_input
+
+pytestmark = pytest.mark.gpu
+F64 = torch.float64
+CUDA = "cuda"
+
+
+def chained_rosenbrock(x):
+    return (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum()
+
+
+def _dense_jacobian(f, x):
+    return torch.func.jacfwd(f)(x).reshape(-1, x.numel())
+
+
+def _on_cuda(t: torch.Tensor) -> None:
+    assert t.device.type == "cuda"
+    if t.layout == torch.sparse_csr:
+        assert t.crow_indices().device.type == "cuda" and t.col_indices().device.type == "cuda"
+        assert t.values().device.type == "cuda"
+
+
+def _x(N: int, seed: int) -> torch.Tensor:
+    return brusselator_input(N, seed=seed).to(CUDA)
+
+
+def test_detection_of_a_cuda_input_matches_the_host():
+    f = brusselator(6)
+    P_gpu = asd.jacobian_sparsity(f, _x(6, 0))
+    P_cpu = asd.jacobian_sparsity(f, brusselator_input(6))
+    assert (P_gpu != P_cpu).nnz == 0
+
+
+@pytest.mark.parametrize("coloring", ["column", "row", "bidirectional"])
+def test_jacobian_on_cuda_matches_dense(coloring):
+    f = brusselator(8)
+    x = _x(8, 1)
+    J = asd.sparse_jacobian(f, x, coloring=coloring)
+    _on_cuda(J)
+    torch.testing.assert_close(J.to_dense(), _dense_jacobian(f, x))
+    op = asd.prepare_jacobian(f, x, coloring=coloring)
+    for seed in (2, 3):
+        z = _x(8, seed)
+        Jz = op(z)
+        _on_cuda(Jz)
+        torch.testing.assert_close(Jz.to_dense(), _dense_jacobian(f, z))
+
+
+@pytest.mark.parametrize("coloring", ["star", "acyclic"])
+def test_hessian_on_cuda_matches_dense(coloring):
+    x = torch.rand(40, dtype=F64, device=CUDA)
+    H = asd.sparse_hessian(chained_rosenbrock, x, coloring=coloring)
+    _on_cuda(H)
+    torch.testing.assert_close(H.to_dense(), torch.func.hessian(chained_rosenbrock)(x))
+    op = asd.prepare_hessian(chained_rosenbrock, x, coloring=coloring)
+    z = torch.rand(40, dtype=F64, device=CUDA)
+    torch.testing.assert_close(op(z).to_dense(), torch.func.hessian(chained_rosenbrock)(z))
+
+
+def test_prepared_call_keeps_matching_once_its_products_are_recorded():
+    """Past the recording threshold the products replay a graph of ATen ops on the GPU."""
+    f = brusselator(6)
+    op = asd.prepare_jacobian(f, _x(6, 0), mode="forward")
+    for i in range(60):
+        z = _x(6, 100 + i)
+        Jz = op(z)
+    torch.testing.assert_close(Jz.to_dense(), _dense_jacobian(f, z))
+    tracing = (getattr(op.state, "fused", None) or op.state.products).tracing
+    assert tracing is not None and tracing.graphs, "the products were not recorded"
+
+
+@pytest.mark.parametrize("compile", [True, "reduce-overhead"])
+def test_compiled_jacobian_on_cuda(compile):
+    f = brusselator(8)
+    op = asd.prepare_jacobian(f, _x(8, 0), compile=compile)
+    results = []
+    for seed in (4, 5, 6):
+        z = _x(8, seed)
+        Jz = op(z)
+        _on_cuda(Jz)
+        results.append((z, Jz))
+    for z, Jz in results:  # a later call leaves the earlier results as they were
+        torch.testing.assert_close(Jz.to_dense(), _dense_jacobian(f, z))
+    tracing = (getattr(op.state, "fused", None) or op.state.products).tracing
+    assert tracing.compiled is not None, tracing.error
+    if compile == "reduce-overhead":
+        from asd.backends.cudagraph import CudaGraphed
+
+        assert tracing.cuda_graph_error is None
+        assert any(isinstance(g, CudaGraphed) for g in tracing.graphs.values())
+
+
+def test_cuda_graph_sees_parameter_updates_and_moved_memory():
+    """A replayed CUDA graph reads f's parameters by address: an in-place update is seen; a
+    parameter whose memory is swapped (p.data = q) is captured again, never read stale."""
+    from asd.backends.cudagraph import CudaGraphed
+
+    w = torch.rand(30, dtype=F64, device=CUDA)
+
+    def f(x):
+        return torch.sin(x) * w + x.roll(1) * x
+
+    x = torch.rand(30, dtype=F64, device=CUDA)
+    op = asd.prepare_jacobian(f, x, compile="reduce-overhead")
+    op(x)
+    tracing = (getattr(op.state, "fused", None) or op.state.products).tracing
+    graphed = [g for g in tracing.graphs.values() if isinstance(g, CudaGraphed)]
+    assert graphed, tracing.cuda_graph_error
+    w.mul_(3.0)  # in place: same address
+    torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
+    w.data = torch.rand(30, dtype=F64, device=CUDA)  # new memory under the same tensor
+    torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
+    z = torch.rand(30, dtype=F64, device=CUDA)
+    torch.testing.assert_close(op(z).to_dense(), _dense_jacobian(f, z))
+
+
+def test_compiled_hessian_on_cuda_graph():
+    x = torch.rand(200, dtype=F64, device=CUDA)
+    op = asd.prepare_hessian(chained_rosenbrock, x, compile="reduce-overhead")
+    for _ in range(3):
+        z = torch.rand(200, dtype=F64, device=CUDA)
+        torch.testing.assert_close(op(z).to_dense(), torch.func.hessian(chained_rosenbrock)(z))
+
+
+def test_batch_size_auto_on_cuda():
+    f = brusselator(8)
+    x = _x(8, 0)
+    op = asd.prepare_jacobian(f, x, batch_size="auto")
+    assert op.batch_size is None or op.batch_size >= 1
+    torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
+
+
+def test_float32_on_cuda():
+    f = brusselator(8)
+    x = _x(8, 0).float()
+    J = asd.prepare_jacobian(f, x)(x)
+    assert J.dtype == torch.float32
+    torch.testing.assert_close(J.to_dense(), _dense_jacobian(f, x))
+
+
+def test_to_cupy_shares_the_values():
+    cupy = pytest.importorskip("cupy", reason="to_cupy needs CuPy (pip install asd[cuda])")
+    f = brusselator(6)
+    x = _x(6, 0)
+    J = asd.sparse_jacobian(f, x)
+    C = asd.to_cupy(J)
+    assert C.shape == tuple(J.shape) and C.nnz == J.values().numel()
+    np.testing.assert_allclose(cupy.asnumpy(C.toarray()), J.to_dense().cpu().numpy())
+    C.data[0] = 123.0
+    assert float(J.values()[0]) == 123.0  # DLPack: the same memory
+    with pytest.raises(asd.InputError, match="CUDA tensor"):
+        asd.to_cupy(J.cpu())
+
+
+def test_cuda_result_matches_finite_differences():
+    """An independent check of the GPU derivative: central differences on the device."""
+    f = brusselator(6)
+    x = _x(6, 7)
+    J = asd.sparse_jacobian(f, x).to_dense()
+    v = torch.randn(x.numel(), dtype=F64, device=CUDA)
+    eps = 1e-6
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fd = (f(x + eps * v) - f(x - eps * v)) / (2 * eps)
+    torch.testing.assert_close(J @ v, fd.reshape(-1), rtol=1e-6, atol=1e-6)

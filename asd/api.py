@@ -13,7 +13,7 @@ from .detection.jacobian import check_input
 from .cache import CACHE, cache_key
 from .errors import CheckError, InputError, StalePatternWarning
 from .operators import SparseHessian, SparseJacobian, example_input
-from .options import check_bool
+from .options import check_batch_size, check_bool, check_compile
 
 
 def prepare_jacobian(f: Callable, x: torch.Tensor, **options) -> SparseJacobian:
@@ -82,6 +82,14 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
         return call(op, z, *args, **kwargs)
 
     cache = check_bool("cache", options.pop("cache", True))
+    # validated before they key the cache: 1 == True would find the operator of compile=True
+    if "compile" in options:
+        check_compile(options["compile"])
+    for name in ("local", "strict"):
+        if name in options:
+            check_bool(name, options[name])
+    if "batch_size" in options:
+        check_batch_size(options["batch_size"])
     if not cache or options.get("local", False) or "pattern" in options:
         op = cls(f, x, args=args, kwargs=kwargs, **options)
         return op, evaluate(op, x)
@@ -178,20 +186,27 @@ def to_scipy(t: torch.Tensor) -> sp.csr_array:
 
 
 def to_cupy(t: torch.Tensor):
-    """A ``torch.sparse_csr`` (or COO) 2-D CUDA tensor as a ``cupyx.scipy.sparse.csr_matrix`` on
-    the same GPU, through DLPack: the values are shared, not copied (CuPy's CSR keeps int32 indices:
-    those are converted, on the GPU). Needs CuPy (``pip install asd[cuda]``).
+    """A ``torch.sparse_csr`` 2-D CUDA tensor as a ``cupyx.scipy.sparse.csr_matrix`` on the same
+    GPU, through DLPack: the values are shared, not copied (writing into the result's ``data``
+    writes into ``t``'s values); the index arrays are CuPy's own int32 copies, so CuPy's in-place
+    index operations never rewrite ``t``'s. A COO tensor is converted to CSR first (its values are
+    then a copy). Needs CuPy (``pip install asd[cuda]``).
 
-    Writing into the result's ``data`` writes into ``t``'s values; ``t`` must not require grad.
+    ``t`` must not require grad (CuPy's writes would bypass autograd): pass ``t.detach()``.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"to_cupy converts a torch sparse tensor, got {type(t).__name__}")
-    if t.dim() != 2 or t.layout not in (torch.sparse_csr, torch.sparse_coo):
-        raise InputError(f"to_cupy converts a 2-D sparse CSR or COO matrix, got a {t.dim()}-D {t.layout} tensor; "
-                         "a dense CUDA tensor goes to CuPy with cupy.from_dlpack(t)")
+    if t.dim() != 2 or t.layout not in (torch.sparse_csr, torch.sparse_coo) or t.dense_dim() != 0:
+        raise InputError(f"to_cupy converts a 2-D sparse CSR or COO matrix with scalar values, got a {t.dim()}-D "
+                         f"{t.layout} tensor; a dense CUDA tensor goes to CuPy with cupy.from_dlpack(t)")
     if t.device.type != "cuda":
         raise InputError(f"to_cupy converts a CUDA tensor, got one on {t.device}; use asd.to_scipy(t) for a host "
                          "matrix, or move it first with t.to('cuda')")
+    if t.requires_grad:
+        raise InputError("to_cupy shares t's values with CuPy, whose writes autograd would not see: pass t.detach()")
+    if t.dtype not in (torch.float32, torch.float64, torch.complex64, torch.complex128):
+        raise InputError(f"to_cupy: CuPy's sparse matrices hold float32/float64/complex values, got {t.dtype}; "
+                         "convert with t.to(torch.float32) first")
     try:
         import cupy
         import cupyx.scipy.sparse as csp
@@ -200,12 +215,11 @@ def to_cupy(t: torch.Tensor):
                           "your CUDA)") from exc
     if t.layout == torch.sparse_coo:
         t = t.coalesce().to_sparse_csr()
-    t = t.detach()
     if max(t.shape) >= 2**31 or t.values().numel() >= 2**31:
         raise InputError(f"to_cupy: CuPy's CSR matrices hold int32 indices; a {tuple(t.shape)} matrix with "
                          f"{t.values().numel()} entries does not fit")
     with cupy.cuda.Device(t.device.index if t.device.index is not None else torch.cuda.current_device()):
         values = cupy.from_dlpack(t.values())
-        col = cupy.from_dlpack(t.col_indices()).astype(cupy.int32, copy=False)
-        crow = cupy.from_dlpack(t.crow_indices()).astype(cupy.int32, copy=False)
+        col = cupy.from_dlpack(t.col_indices()).astype(cupy.int32, copy=True)
+        crow = cupy.from_dlpack(t.crow_indices()).astype(cupy.int32, copy=True)
         return csp.csr_matrix((values, col, crow), shape=tuple(t.shape), copy=False)

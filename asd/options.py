@@ -43,7 +43,7 @@ COMPILE_MODES = (False, True, "reduce-overhead")
 
 def check_compile(value) -> bool | str:
     """``compile=``: ``False``, ``True`` or ``"reduce-overhead"``."""
-    if value is True or value is False or (isinstance(value, str) and value == "reduce-overhead"):
+    if value is True or value is False or (isinstance(value, str) and value in COMPILE_MODES):
         return value
     raise TypeError(f"compile must be True, False or 'reduce-overhead' (compiled, and replayed as a CUDA graph on a "
                     f"GPU), got {value!r} ({type(value).__name__})")

@@ -103,36 +103,108 @@ def test_compiled_jacobian_on_cuda(compile):
         assert any(isinstance(g, CudaGraphed) for g in tracing.graphs.values())
 
 
-def test_cuda_graph_sees_parameter_updates_and_moved_memory():
-    """A replayed CUDA graph reads f's parameters by address: an in-place update is seen; a
-    parameter whose memory is swapped (p.data = q) is captured again, never read stale."""
+def _graphed(op):
     from asd.backends.cudagraph import CudaGraphed
 
+    tracing = (getattr(op.state, "fused", None) or op.state.products).tracing
+    return [g for g in tracing.graphs.values() if isinstance(g, CudaGraphed)], tracing
+
+
+def test_cuda_graph_sees_parameter_updates_and_moved_memory():
+    """A replayed CUDA graph reads f's parameters by address: an in-place update is seen; a
+    parameter whose memory or strides change under the same tensor (p.data = q, W.t_()) is
+    captured again, never read stale."""
     w = torch.rand(30, dtype=F64, device=CUDA)
+    W = torch.rand(30, 30, dtype=F64, device=CUDA)
 
     def f(x):
-        return torch.sin(x) * w + x.roll(1) * x
+        return torch.sin(x) * w + torch.tanh(W @ x) + x.roll(1) * x
 
     x = torch.rand(30, dtype=F64, device=CUDA)
     op = asd.prepare_jacobian(f, x, compile="reduce-overhead")
     op(x)
-    tracing = (getattr(op.state, "fused", None) or op.state.products).tracing
-    graphed = [g for g in tracing.graphs.values() if isinstance(g, CudaGraphed)]
-    assert graphed, tracing.cuda_graph_error
+    graphed, tracing = _graphed(op)
+    assert len(graphed) == 1, tracing.cuda_graph_error
     w.mul_(3.0)  # in place: same address
     torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
     w.data = torch.rand(30, dtype=F64, device=CUDA)  # new memory under the same tensor
     torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
+    W.t_()  # same memory, other strides
     z = torch.rand(30, dtype=F64, device=CUDA)
     torch.testing.assert_close(op(z).to_dense(), _dense_jacobian(f, z))
+    graphed, tracing = _graphed(op)  # the graph in use (captured again, or anew after the guard's change)
+    assert graphed and all(g.error is None for g in graphed), tracing.cuda_graph_error
 
 
-def test_compiled_hessian_on_cuda_graph():
+@pytest.mark.parametrize("coloring", ["star", "acyclic"])
+def test_compiled_hessian_on_cuda_graph(coloring):
     x = torch.rand(200, dtype=F64, device=CUDA)
-    op = asd.prepare_hessian(chained_rosenbrock, x, compile="reduce-overhead")
+    op = asd.prepare_hessian(chained_rosenbrock, x, coloring=coloring, compile="reduce-overhead")
     for _ in range(3):
         z = torch.rand(200, dtype=F64, device=CUDA)
         torch.testing.assert_close(op(z).to_dense(), torch.func.hessian(chained_rosenbrock)(z))
+    graphed, tracing = _graphed(op)
+    assert graphed and tracing.cuda_graph_error is None
+
+
+def test_cuda_graph_with_seed_chunks():
+    """batch_size < ncolors: the seed rows of each chunk are copied into the captured buffer."""
+    f = brusselator(8)
+    op = asd.prepare_jacobian(f, _x(8, 0), mode="forward", batch_size=4, compile="reduce-overhead")
+    for seed in (1, 2):
+        z = _x(8, seed)
+        torch.testing.assert_close(op(z).to_dense(), _dense_jacobian(f, z))
+    graphed, tracing = _graphed(op)
+    assert graphed and all(not g.constant_seeds for g in graphed), tracing.cuda_graph_error
+
+
+def test_cuda_graph_on_two_streams():
+    f = brusselator(8)
+    op = asd.prepare_jacobian(f, _x(8, 0), compile="reduce-overhead")
+    op(_x(8, 0))
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    z1, z2 = _x(8, 11), _x(8, 12)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s1):
+        J1 = op(z1)
+    with torch.cuda.stream(s2):
+        J2 = op(z2)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(J1.to_dense(), _dense_jacobian(f, z1))
+    torch.testing.assert_close(J2.to_dense(), _dense_jacobian(f, z2))
+
+
+def test_cuda_graph_refuses_a_cpu_scalar_tensor():
+    """A CPU scalar tensor read by the products would be baked into a captured graph."""
+    alpha = torch.tensor(2.0, dtype=F64)
+
+    def f(x):
+        return torch.sin(x) * alpha
+
+    x = torch.rand(20, dtype=F64, device=CUDA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = asd.prepare_jacobian(f, x, compile="reduce-overhead")
+        op(x)
+        alpha.fill_(3.0)
+        torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
+    graphed, _ = _graphed(op)
+    assert not graphed
+
+
+def test_cuda_graph_after_a_changed_global():
+    """The value guard drops the graph when a number f reads changes; a new one is captured."""
+    state = {"scale": 2.0}
+
+    def f(x):
+        return torch.sin(x) * state["scale"]
+
+    x = torch.rand(20, dtype=F64, device=CUDA)
+    op = asd.prepare_jacobian(f, x, compile="reduce-overhead")
+    op(x)
+    state["scale"] = 5.0
+    torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
+    assert _graphed(op)[0]
 
 
 def test_batch_size_auto_on_cuda():

@@ -227,5 +227,16 @@ def test_to_cupy_refuses_what_it_cannot_convert():
         asd.to_cupy(J)
     with raises("2-D sparse CSR or COO"):
         asd.to_cupy(J.to_dense())
+    with raises("2-D sparse CSR or COO"):  # a hybrid COO: vectors as values
+        asd.to_cupy(torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2, 3), (4, 3)))
     with raises("to_cupy converts a torch sparse tensor", TypeError):
         asd.to_cupy(np.zeros((2, 2)))
+
+
+@pytest.mark.parametrize("name, value, prepared", [("compile", 1, True), ("compile", 1.0, True), ("local", 0, False),
+                                                   ("strict", 1, True), ("batch_size", True, 1)])
+def test_options_are_checked_before_they_key_the_cache(name, value, prepared):
+    """``1 == True``: an unchecked option would find the operator prepared with ``True``."""
+    asd.sparse_jacobian(f, X, **{name: prepared})  # now in the cache
+    with raises(name):
+        asd.sparse_jacobian(f, X, **{name: value})

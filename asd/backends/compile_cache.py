@@ -221,16 +221,17 @@ def _load(path: str):
 
 
 def _aoti_available() -> bool:
-    """Whether AOTInductor packages are compiled and loaded here: the loader is called directly
-    (no Inductor import), with the signature of the torch versions it was tested on. On torch 2.11
-    in a process that had used CUDA, constructing that loader for a CPU package killed the process
-    (a segmentation fault, on an H200 machine): AOTInductor is used from torch 2.13 on, and not in
-    a process that has initialized CUDA; elsewhere Inductor's own artifact is stored instead."""
-    if not (AOTI and hasattr(torch._C, "_aoti") and hasattr(torch._C._aoti, "AOTIModelPackageLoader")):
+    """Whether AOTInductor packages can be loaded here: the loader is called directly (no Inductor
+    import), with the signature of the torch versions it was tested on. On torch 2.11 in a process
+    that had used CUDA, constructing that loader for a CPU package killed the process (a
+    segmentation fault, on an H200 machine): packages are used from torch 2.13 on, and not in a
+    process that has initialized CUDA; elsewhere Inductor's own artifact is stored instead.
+    (:data:`AOTI` ``= False`` stops compiling packages; stored ones are still loaded.)"""
+    if not (hasattr(torch._C, "_aoti") and hasattr(torch._C._aoti, "AOTIModelPackageLoader")):
         return False
     if _torch_version() < (2, 13):
         return False
-    return not (torch.cuda.is_available() and torch.cuda.is_initialized())
+    return not torch.cuda.is_initialized()  # never asks the driver in a process that did not
 
 
 def _torch_version() -> tuple[int, int]:
@@ -377,7 +378,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
         notes.append(note)
     fn, path = None, None
     cpu = all(t.device.type == "cpu" for t in example_inputs if isinstance(t, torch.Tensor))
-    if _aoti_available() and cpu:
+    if AOTI and _aoti_available() and cpu:
         tmp = tempfile.mkdtemp(prefix="asd-aoti-")
         try:
             package = os.path.join(tmp, "model.pt2")

@@ -10,8 +10,16 @@ output (the next replay overwrites it; results the caller holds stay as they wer
 tensors the compiled function reads (``f``'s parameters and constants, lifted into its inputs by
 :mod:`asd.backends.specialize`) are read in place: a write into them (an optimizer step) is seen
 by the next replay, as by the compiled kernels. Every call checks that each of them still has the
-address it was captured with (``p.data = q`` swaps a tensor's memory without a new tensor object,
-which the operator's value guard cannot see); where one moved, the graph is captured again.
+address and layout it was captured with (``p.data = q`` or ``W.t_()`` change a tensor's memory or
+strides without a new tensor object, which the operator's value guard does not see); where one
+changed, the graph is captured again (at most :data:`MAX_CAPTURES` times; then the compiled
+kernels are launched one by one).
+
+A capture is checked before it is used: its first replay, into an output poisoned with NaN, must
+give the bits the compiled function gave on the same inputs outside the graph. Calls on different
+CUDA streams are ordered by an event: a call waits until the previous one has copied its output.
+Graphs whose inputs include a tensor on another device (a CPU scalar tensor, whose value a
+launch would read on the host once) are not captured.
 """
 
 from __future__ import annotations
@@ -21,12 +29,33 @@ from typing import Callable
 
 import torch
 
-__all__ = ["CudaGraphed", "graphed"]
+__all__ = ["CudaGraphed", "graphed", "MAX_CAPTURES"]
+
+#: captures (the first and re-captures after a tensor moved) before the graph is given up
+MAX_CAPTURES = 4
 
 
 def _tensors(fn) -> list[torch.Tensor]:
     """The tensors a compiled products function reads besides ``x`` and the seeds."""
     return [t for t in getattr(fn, "extras", ()) if isinstance(t, torch.Tensor)]
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), t.stride(), t.storage_offset(), tuple(t.shape), t.dtype, t.device)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        # NaN where the compiled function gave NaN is the same result; a NaN left by the poison is not
+        return bool(torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
+                    and torch.equal(torch.isnan(a), torch.isnan(b)))
+    return bool(torch.equal(a, b))
+
+
+class CaptureError(RuntimeError):
+    """The compiled products cannot be replayed from a CUDA graph."""
 
 
 class CudaGraphed:
@@ -46,56 +75,111 @@ class CudaGraphed:
 
     def __init__(self, fn: Callable, x: torch.Tensor, seeds: torch.Tensor, *, constant_seeds: bool):
         self.fn = fn
+        self.extras = getattr(fn, "extras", ())
+        self.device = x.device
         self.constant_seeds = constant_seeds
+        foreign = [t for t in _tensors(fn) if t.device != x.device]
+        if foreign:
+            raise CaptureError(f"the products read a tensor on {foreign[0].device} (x is on {x.device}): a captured "
+                               "graph would keep its value")
         self.x = torch.empty_like(x, memory_format=torch.contiguous_format)
         self.seeds = seeds if constant_seeds else torch.empty_like(seeds, memory_format=torch.contiguous_format)
         self.captures = 0
+        #: why the graph was given up (the compiled kernels are launched one by one since), or ``None``
+        self.error: str | None = None
+        self.graph = None
+        self.out = None
+        self.watched: list = []
+        self._done = torch.cuda.Event()
+        self._pending = False
         self._capture(x, seeds)
 
     def _capture(self, x: torch.Tensor, seeds: torch.Tensor) -> None:
-        self.watched = [(t, t.data_ptr()) for t in _tensors(self.fn)]
-        if self.constant_seeds:
-            self.watched.append((seeds, seeds.data_ptr()))
-        self.x.copy_(x)
-        if not self.constant_seeds:
-            self.seeds.copy_(seeds)
-        self.graph = None
-        self.out = None
-        with torch.no_grad(), torch.cuda.device(self.x.device):
-            side = torch.cuda.Stream(device=self.x.device)
-            side.wait_stream(torch.cuda.current_stream(self.x.device))
-            with torch.cuda.stream(side):  # the first calls allocate their workspaces outside the capture
-                for _ in range(2):
-                    self.fn(self.x, self.seeds)
-            torch.cuda.current_stream(self.x.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = self.fn(self.x, self.seeds)
-        self.graph, self.out = graph, out
-        self.captures += 1
-
-    def valid(self, seeds: torch.Tensor) -> bool:
-        """Whether every tensor read by address is where it was at the capture."""
-        if self.constant_seeds and seeds.data_ptr() != self.seeds.data_ptr():
-            return False
-        return all(t.data_ptr() == ptr for t, ptr in self.watched)
-
-    def __call__(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
-        if not self.valid(seeds):
-            if self.constant_seeds:
-                self.seeds = seeds
-            self._capture(x, seeds)
-        else:
+        """Capture ``fn`` at ``(x, seeds)`` and check the capture; the new graph replaces the old
+        one only when it passed (raises :class:`CaptureError` or the capture's own error otherwise)."""
+        if self.captures >= MAX_CAPTURES:
+            raise CaptureError(f"the tensors the products read moved {self.captures} times: captured again at "
+                               "every call, a graph costs more than it saves")
+        dev = self.device
+        seed_buffer = seeds if self.constant_seeds else self.seeds
+        with torch.no_grad(), torch.cuda.device(dev), torch.cuda.stream(torch.cuda.current_stream(dev)):
+            outer = torch.cuda.current_stream(dev)
+            if self._pending:
+                outer.wait_event(self._done)
             self.x.copy_(x)
             if not self.constant_seeds:
                 self.seeds.copy_(seeds)
-        self.graph.replay()
-        return self.out.clone()
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(outer)
+            with torch.cuda.stream(side):  # the first calls allocate their workspaces outside the capture
+                for _ in range(2):
+                    expected = self.fn(self.x, seed_buffer)
+            outer.wait_stream(side)
+            expected.record_stream(outer)
+            expected = expected.clone()
+            watched = [(t, _layout(t)) for t in _tensors(self.fn)]
+            if self.constant_seeds:
+                watched.append((seeds, _layout(seeds)))
+            graph = torch.cuda.CUDAGraph()
+            capture = torch.cuda.Stream(device=dev)
+            capture.wait_stream(outer)
+            with torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):
+                out = self.fn(self.x, seed_buffer)
+            outer.wait_stream(capture)
+            if not isinstance(out, torch.Tensor):
+                raise CaptureError(f"the compiled products returned {type(out).__name__}, not a tensor")
+            out.fill_(float("nan") if out.is_floating_point() or out.is_complex() else -1)
+            graph.replay()
+            if not _same_bits(out, expected):
+                raise CaptureError("the captured graph's first replay differs from the compiled products")
+        self.graph, self.out, self.watched = graph, out, watched
+        if self.constant_seeds:
+            self.seeds = seeds
+        self.captures += 1
+
+    def __del__(self):
+        # the graph's memory goes back to the allocator with it: not while a replay may still run
+        try:
+            if self._pending:
+                self._done.synchronize()
+        except Exception:  # noqa: BLE001 - at interpreter exit CUDA may be gone
+            pass
+
+    def valid(self, seeds: torch.Tensor) -> bool:
+        """Whether every tensor read by address is where, and laid out as, it was at the capture."""
+        if self.constant_seeds and seeds is not self.seeds and _layout(seeds) != _layout(self.seeds):
+            return False
+        return all(_layout(t) == layout for t, layout in self.watched)
+
+    def __call__(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        if self.error is not None:
+            return self.fn(x, seeds)
+        if not self.valid(seeds):
+            try:
+                self._capture(x, seeds)
+            except Exception as exc:  # noqa: BLE001 - launch the compiled kernels from now on
+                self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+                self.graph = self.out = None
+                warnings.warn(f"asd: the compiled products could not be captured again as a CUDA graph ({self.error}); "
+                              "their kernels are launched one by one from now on", RuntimeWarning, stacklevel=4)
+                return self.fn(x, seeds)
+        stream = torch.cuda.current_stream(self.device)
+        if self._pending:
+            stream.wait_event(self._done)  # a call on another stream has copied its output
+        with torch.cuda.stream(stream):
+            self.x.copy_(x)
+            if not self.constant_seeds:
+                self.seeds.copy_(seeds)
+            self.graph.replay()
+            out = self.out.clone()
+            self._done.record(stream)
+        self._pending = True
+        return out
 
 
 def graphed(fn: Callable, x: torch.Tensor, seeds: torch.Tensor, *, constant_seeds: bool) -> tuple[Callable, str | None]:
-    """``(CudaGraphed(fn, ...), None)``, or ``(fn, why not)`` where the capture fails (with a
-    :class:`RuntimeWarning`: the compiled kernels are launched one by one instead)."""
+    """``(CudaGraphed(fn, ...), None)``, or ``(fn, why not)`` where the capture fails or is refused
+    (with a :class:`RuntimeWarning`: the compiled kernels are launched one by one instead)."""
     if x.device.type != "cuda":
         return fn, "not a CUDA input"
     try:
@@ -103,5 +187,5 @@ def graphed(fn: Callable, x: torch.Tensor, seeds: torch.Tensor, *, constant_seed
     except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured: launch it as compiled
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         warnings.warn(f"asd: the compiled products could not be captured as a CUDA graph ({why}); their kernels "
-                      "are launched one by one", RuntimeWarning, stacklevel=3)
+                      "are launched one by one", RuntimeWarning, stacklevel=5)
         return fn, why

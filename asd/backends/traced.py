@@ -58,6 +58,15 @@ CALLS_BEFORE_TRACING = 50
 MAX_MISSES = 2
 
 
+def _records_grad(compiled) -> bool:
+    """Whether a call of the compiled products would have to record gradients: compiled kernels
+    record none, so a parameter of ``f`` that requires grad (with grad enabled) sends the call to
+    the transforms, whose results carry its gradient."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in getattr(compiled, "extras", ()))
+
+
 class Tracing:
     """Records and replays one :class:`~asd.backends.base.BatchedProducts`' function.
 
@@ -78,7 +87,9 @@ class Tracing:
         #: replay the compiled graph of a CUDA input as a captured CUDA graph
         #: (:mod:`asd.backends.cudagraph`; ``compile="reduce-overhead"``)
         self.cuda_graphs = False
-        #: why the compiled products of a CUDA input are not replayed as a CUDA graph (``None``: they are)
+        #: why the compiled products of a CUDA input are not replayed as a CUDA graph (``None`` where
+        #: they are, and where there is nothing to capture: an input that is not on CUDA); a graph given
+        #: up later says why in its own ``error`` (:class:`~asd.backends.cudagraph.CudaGraphed`)
         self.cuda_graph_error: str | None = None
         #: the seed rows passed to :meth:`run` are constants of the operator (never written): the
         #: compiled graph is specialized on them (:mod:`asd.backends.specialize`)
@@ -157,6 +168,9 @@ class Tracing:
 
                     graph = self.compiled = compile_products(graph, x, seeds, constant_seeds=self.constant_seeds,
                                                              owned=self.owned)
+                    if _records_grad(graph):  # this call's products go through the transforms
+                        self.graphs[key] = graph
+                        return None
                     if self.cuda_graphs and x.device.type == "cuda":
                         from .cudagraph import graphed
 
@@ -171,4 +185,6 @@ class Tracing:
                 return None
             self.graphs[key] = graph
             return out
+        if self.compile and _records_grad(graph):
+            return None
         return graph(x, seeds)

@@ -225,7 +225,7 @@ class DistributedOperator:
     _what = "this distributed operator"
 
     def __init__(self, f: Callable, x: torch.Tensor, make: Callable, flat: Callable, *, output: str, group,
-                 batch_size, compile: bool, args: tuple, kwargs: dict | None):
+                 batch_size, compile: bool | str, args: tuple, kwargs: dict | None):
         check_input(x)
         rank, world, src = _group_info(group)
         check_choice("output", output, tuple(OUTPUTS))
@@ -389,7 +389,7 @@ class DistributedJacobian(DistributedOperator):
     _what = "this DistributedJacobian"
 
     def __init__(self, f: Callable, x: torch.Tensor, *, output: str = "replicated", group=None,
-                 batch_size: int | str | None = None, compile: bool = False, args: tuple = (),
+                 batch_size: int | str | None = None, compile: bool | str = False, args: tuple = (),
                  kwargs: dict | None = None, **options):
         _refuse(options)
 
@@ -409,7 +409,7 @@ class DistributedHessian(DistributedOperator):
     _what = "this DistributedHessian"
 
     def __init__(self, f: Callable, x: torch.Tensor, *, output: str = "replicated", group=None,
-                 hvp: str = "auto", batch_size: int | str | None = None, compile: bool = False,
+                 hvp: str = "auto", batch_size: int | str | None = None, compile: bool | str = False,
                  args: tuple = (), kwargs: dict | None = None, **options):
         check_choice("hvp", hvp, HVP_MODES)
         self.hvp = hvp

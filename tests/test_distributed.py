@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -19,15 +19,15 @@ from asd.problems import brusselator, brusselator_input, rosenbrock, total_varia
 OUTPUTS = ("replicated", "rows", "root")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous() -> str:
+    """A fresh file for the processes to meet through: no TCP port, which another process (a
+    parallel test worker) could take between being found free and being bound."""
+    return os.path.join(tempfile.mkdtemp(prefix="asd-dist-"), "store")
 
 
-def _init(rank: int, world: int, port: int) -> None:
+def _init(rank: int, world: int, store: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 
 
 def _dense_jacobian(f, x):
@@ -84,8 +84,8 @@ def _prepare(kind, f, x, options, **more):
     return make(f, x, **options, **more)
 
 
-def _agree(rank: int, world: int, port: int) -> None:
-    _init(rank, world, port)
+def _agree(rank: int, world: int, store: str) -> None:
+    _init(rank, world, store)
     try:
         for name, kind, f, x, options in _cases():
             single = _prepare(kind, f, x, options)
@@ -154,21 +154,21 @@ def _failures(rank: int) -> None:
         assert J is None if output == "root" and rank != 0 else torch.equal(J.to_dense(), torch.diag(2 * x)[r0:r1])
 
 
-def _child(rank: int, fn, world: int, port: int, *args) -> None:
+def _child(rank: int, fn, world: int, store: str, *args) -> None:
     """``fn`` in a spawned process, which then ends without running C++ destructors: gloo's threads
     sometimes abort the interpreter's teardown ("terminate called without an active exception")
     after every collective has finished and the process group is destroyed."""
-    fn(rank, world, port, *args)
+    fn(rank, world, store, *args)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
 def _spawn(fn, world: int, *args, timeout: float = 240) -> None:
-    """Run ``fn(rank, world, port, *args)`` in ``world`` processes; a hang fails instead of blocking."""
+    """Run ``fn(rank, world, store, *args)`` in ``world`` processes; a hang fails instead of blocking."""
     import time
 
-    context = mp.spawn(_child, args=(fn, world, _free_port(), *args), nprocs=world, join=False)
+    context = mp.spawn(_child, args=(fn, world, _rendezvous(), *args), nprocs=world, join=False)
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1):  # raises the first child's exception
         if time.monotonic() > deadline:
@@ -184,7 +184,7 @@ def test_gloo_processes_give_the_single_process_bits(world):
 
 def test_one_process_group():
     """A group of one rank: every output is the full matrix, nothing is communicated."""
-    _init(0, 1, _free_port())
+    _init(0, 1, _rendezvous())
     try:
         f, x = brusselator(4), brusselator_input(4)
         single = asd.prepare_jacobian(f, x, coloring="bidirectional")
@@ -240,8 +240,8 @@ def test_layout_owns_every_entry_once():
                 assert b.recv_splits == tuple(blocks[q].send_splits[r] for q in range(world))
 
 
-def _large(rank: int, world: int, port: int, out: str) -> None:
-    _init(rank, world, port)
+def _large(rank: int, world: int, store: str, out: str) -> None:
+    _init(rank, world, store)
     try:
         N = 128
         f, x = brusselator(N), brusselator_input(N)
@@ -303,7 +303,7 @@ def test_known_ad_gaps_are_avoided_or_refused():
     batched product is right, the operator refuses instead of returning a wrong matrix."""
     import warnings
 
-    _init(0, 1, _free_port())
+    _init(0, 1, _rendezvous())
     try:
         x = torch.rand(24, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
         idx = torch.tensor([0, 0, 1, 1, 2, 2, 0, 1] * 3)

@@ -159,3 +159,40 @@ def test_heavy_vertex_tables_do_not_change_colorings(problem, monkeypatch):
         for a, b in zip(res[0], res[10**9]):
             np.testing.assert_array_equal(np.asarray(a.colors), np.asarray(b.colors))
             C.check(A, a, rounds=1)
+
+
+def _random_forest(n, seed, extra_edges=0):
+    """A random forest (plus ``extra_edges`` random edges, which may close cycles) as a pattern."""
+    rng = np.random.default_rng(seed)
+    parent = [int(rng.integers(-1, i)) if i else -1 for i in range(n)]
+    edges = [(i, p) for i, p in enumerate(parent) if p >= 0]
+    edges += [tuple(rng.integers(0, n, 2)) for _ in range(extra_edges)]
+    A = sp.identity(n, format="lil")
+    for i, j in edges:
+        A[i, j] = A[j, i] = 1
+    return A.tocsr()
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("kind", ["path", "forest", "star", "cyclic"])
+def test_choose_hessian_skips_a_star_coloring_that_cannot_win(seed, kind):
+    """Where acyclic needs two colors and the graph has a path on four vertices, star coloring is
+    skipped: the choice must be the one made by coloring both (and star must need three)."""
+    from asd.coloring.choose import choose_hessian, has_path_of_four
+    from asd.patterns import as_pattern
+
+    n = 4 + seed
+    A = {"path": lambda: sp.diags([np.ones(n - 1), np.ones(n), np.ones(n - 1)], [-1, 0, 1], format="csr"),
+         "forest": lambda: _random_forest(n, seed),
+         "star": lambda: sp.csr_matrix(  # vertex 0 joined to every other one: no path on four vertices
+             (np.ones(3 * n - 2), (np.r_[np.arange(n), np.zeros(n - 1, int), np.arange(1, n)],
+                                   np.r_[np.arange(n), np.arange(1, n), np.zeros(n - 1, int)])), shape=(n, n)),
+         "cyclic": lambda: _random_forest(n, seed, extra_edges=2)}[kind]()
+    P = as_pattern(A, name="pattern")
+    star, acyclic = C.color(P, "star"), C.color(P, "acyclic")
+    want = acyclic if acyclic.ncolors < star.ncolors else star
+    got = choose_hessian(P, None, "natural", exact_arithmetic=True, max_levels=None)
+    assert type(got) is type(want) and got.ncolors == want.ncolors
+    assert np.array_equal(got.colors, want.colors)
+    if acyclic.ncolors <= 2 and has_path_of_four(P):
+        assert star.ncolors >= 3

@@ -123,3 +123,16 @@ def test_a_plan_that_leaves_entries_unwritten_gives_zeros_there():
         got = substitute(cut, torch.tensor(B), fast=True).numpy()
         np.testing.assert_allclose(got[written], v[written], rtol=1e-12, atol=1e-12)
         assert (got[~written] == 0).all()
+
+
+def test_a_plan_keeps_its_kernel_arrays_read_only():
+    """The plan of an acyclic coloring keeps the arrays its kernels computed without copying them:
+    they are sealed read-only, so neither the plan's user nor asd can change a plan in place."""
+    res, v, B = _case(seed=4)
+    plan = res.plan
+    for name in ("step_pos", "step_pos_t", "step_src", "dep_ptr", "dep_pos", "dep_step", "level_ptr"):
+        a = getattr(plan, name)
+        assert a.dtype == np.int64 and not a.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            a[:1] = 0
+    np.testing.assert_allclose(plan.decompress(B), v)

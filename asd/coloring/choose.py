@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from asd.coloring.result import Coloring
 from asd.patterns import SparsityPattern
 
-__all__ = ["choose_jacobian", "choose_hessian"]
+__all__ = ["choose_jacobian", "choose_hessian", "has_path_of_four"]
 
 
 def choose_jacobian(pattern: SparsityPattern, problem: str | None, order: str, *, prefer: str) -> Coloring:
@@ -42,9 +44,22 @@ def choose_hessian(pattern: SparsityPattern, problem: str | None, order: str, *,
 
     if problem is not None:
         return color(pattern, problem, order=order)
-    star = color(pattern, "star", order=order)
     if not exact_arithmetic:
-        return star
+        return color(pattern, "star", order=order)
     acyclic = color(pattern, "acyclic", order=order)
     shallow = max_levels is None or acyclic.plan.nlevels <= max_levels
+    if shallow and acyclic.ncolors <= 2 and has_path_of_four(pattern):
+        # two colors alternate along every path: a star coloring needs a third on a path of four
+        # vertices, so acyclic wins without coloring a second time (chains, trees)
+        return acyclic
+    star = color(pattern, "star", order=order)
     return acyclic if acyclic.ncolors < star.ncolors and shallow else star
+
+
+def has_path_of_four(pattern: SparsityPattern) -> bool:
+    """Whether the adjacency graph of the symmetric ``pattern`` (the diagonal aside) has a path on
+    four vertices: an edge both of whose ends have another neighbour."""
+    rows, cols = pattern.rows, pattern.indices
+    off = rows != cols
+    degree = np.bincount(rows[off], minlength=pattern.shape[0])
+    return bool(((degree[rows[off]] >= 2) & (degree[cols[off]] >= 2)).any())

@@ -19,7 +19,7 @@ Plans are frozen and their arrays read-only. This module imports neither torch n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property, singledispatch
 
 import numpy as np
@@ -27,6 +27,16 @@ import numpy as np
 from asd.coloring.result import AcyclicColoring, BiColoring, ColumnColoring, RowColoring, StarColoring
 from asd.errors import ColoringError, DecompressionError
 from asd.patterns import _frozen as _ro
+
+
+def _sealed(*arrays: np.ndarray) -> tuple | None:
+    """Arrays this module has just computed (no one else holds them), made read-only in place, or
+    ``None`` where one is not a contiguous int64 array (then the plan copies them as usual)."""
+    if not all(isinstance(a, np.ndarray) and a.dtype == np.int64 and a.flags.c_contiguous for a in arrays):
+        return None
+    for a in arrays:
+        a.setflags(write=False)
+    return arrays
 
 __all__ = ["DirectPlan", "SubstitutionPlan", "build_plan"]
 
@@ -89,6 +99,16 @@ class SubstitutionPlan(_Plan):
     def __post_init__(self):
         for name in ("step_pos", "step_pos_t", "step_src", "dep_ptr", "dep_pos", "dep_step", "level_ptr"):
             object.__setattr__(self, name, _ro(getattr(self, name)))
+
+    @classmethod
+    def _of_sealed(cls, *values) -> SubstitutionPlan:
+        """A plan of arrays :func:`_sealed` just made read-only (memory a Numba kernel allocated,
+        which :func:`asd.patterns._frozen` would copy): kept as they are (a tenth of a
+        10^6-unknown one-off Hessian)."""
+        plan = object.__new__(cls)
+        for field, value in zip(fields(cls), values, strict=True):
+            object.__setattr__(plan, field.name, value)
+        return plan
 
     @property
     def nlevels(self) -> int:
@@ -190,5 +210,8 @@ def substitution_plan(pattern, colors, ncolors) -> SubstitutionPlan:
     sp_, spt, ssrc, slvl, dptr, dpos, ok = build_substitution(ptr, idx, tpos, rows, colors, perm, gstart, n)
     if not ok:
         raise ColoringError("the coloring has a two-colored cycle: it is not acyclic, substitution impossible")
-    pos, pos_t, src, dep_ptr, dep_pos, dep_step, level_ptr = sort_steps_by_level(sp_, spt, ssrc, slvl, dptr, dpos)
-    return SubstitutionPlan((int(ncolors), n), nnz, pos, pos_t, src, dep_ptr, dep_pos, dep_step, level_ptr)
+    steps = sort_steps_by_level(sp_, spt, ssrc, slvl, dptr, dpos)
+    sealed = _sealed(*steps)
+    if sealed is None:
+        return SubstitutionPlan((int(ncolors), n), nnz, *steps)
+    return SubstitutionPlan._of_sealed((int(ncolors), n), nnz, *sealed)

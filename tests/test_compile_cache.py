@@ -468,3 +468,25 @@ def test_parameters_that_require_grad_keep_their_gradient():
     with torch.no_grad():  # no gradient wanted: the compiled kernels
         torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
     assert _tracing(op).compiled is not None
+
+
+def test_a_captured_tensor_whose_strides_change_is_compiled_anew():
+    """Compiled kernels are specialized on the strides of the tensors they read: W.t_() keeps the
+    tensor object, address and shape (the value guard sees nothing), so the operator must compile
+    again, not run the old kernels (a wrong Jacobian, silently) nor switch strategy."""
+    W = torch.rand(12, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def f(x):
+        return torch.tanh(W @ x) + x.roll(1) * x
+
+    x = torch.rand(12, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    op = asd.prepare_jacobian(f, x, mode="forward", compile=True)
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+    strategy = op.strategy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        W.t_()
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+        W.data = W.data.t().contiguous().t()  # other strides again, under the same object
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+    assert op.strategy == strategy and _tracing(op).compiled is not None

@@ -125,15 +125,36 @@ def test_cuda_graph_sees_parameter_updates_and_moved_memory():
     op(x)
     graphed, tracing = _graphed(op)
     assert len(graphed) == 1, tracing.cuda_graph_error
-    w.mul_(3.0)  # in place: same address
-    torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
-    w.data = torch.rand(30, dtype=F64, device=CUDA)  # new memory under the same tensor
-    torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
-    W.t_()  # same memory, other strides
-    z = torch.rand(30, dtype=F64, device=CUDA)
-    torch.testing.assert_close(op(z).to_dense(), _dense_jacobian(f, z))
-    graphed, tracing = _graphed(op)  # the graph in use (captured again, or anew after the guard's change)
+    strategy = op.strategy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback to another strategy
+        w.mul_(3.0)  # in place: same address
+        torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
+        w.data = torch.rand(30, dtype=F64, device=CUDA)  # new memory under the same tensor
+        torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
+        W.t_()  # same memory, other strides: compiled and captured anew
+        z = torch.rand(30, dtype=F64, device=CUDA)
+        torch.testing.assert_close(op(z).to_dense(), _dense_jacobian(f, z))
+    assert op.strategy == strategy
+    graphed, tracing = _graphed(op)
     assert graphed and all(g.error is None for g in graphed), tracing.cuda_graph_error
+
+
+def test_cuda_graph_after_a_call_that_needed_grad():
+    """Compiled at a call whose parameters require grad (the transforms evaluate it), the products
+    are captured at the first call that does not."""
+    w = torch.rand(20, dtype=F64, device=CUDA, requires_grad=True)
+
+    def f(x):
+        return torch.sin(x) * w
+
+    x = torch.rand(20, dtype=F64, device=CUDA)
+    op = asd.prepare_jacobian(f, x, compile="reduce-overhead")
+    assert op(x).values().requires_grad
+    with torch.no_grad():
+        torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x).detach())
+    graphed, tracing = _graphed(op)
+    assert graphed, tracing.cuda_graph_error
 
 
 @pytest.mark.parametrize("coloring", ["star", "acyclic"])
@@ -166,6 +187,7 @@ def test_cuda_graph_on_two_streams():
     z1, z2 = _x(8, 11), _x(8, 12)
     torch.cuda.synchronize()
     with torch.cuda.stream(s1):
+        torch.cuda._sleep(10**8)  # s1 stays busy: unordered, s2's copy into the graph's input would overtake it
         J1 = op(z1)
     with torch.cuda.stream(s2):
         J2 = op(z2)

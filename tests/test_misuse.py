@@ -234,7 +234,8 @@ def test_to_cupy_refuses_what_it_cannot_convert():
 
 
 @pytest.mark.parametrize("name, value, prepared", [("compile", 1, True), ("compile", 1.0, True), ("local", 0, False),
-                                                   ("strict", 1, True), ("batch_size", True, 1)])
+                                                   ("strict", 1, True), ("batch_size", True, 1), ("check", 1, True),
+                                                   ("check", 0, False), ("trace", 1, True), ("trace", 0, False)])
 def test_options_are_checked_before_they_key_the_cache(name, value, prepared):
     """``1 == True``: an unchecked option would find the operator prepared with ``True``."""
     asd.sparse_jacobian(f, X, **{name: prepared})  # now in the cache

@@ -38,7 +38,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["compile_graph", "compile_products", "cache_dir", "graph_key", "Compiled", "STATS", "FORMAT"]
+__all__ = ["compile_graph", "compile_products", "cache_dir", "graph_key", "tensor_layout", "Compiled", "STATS", "FORMAT"]
 
 #: bump when what is stored (or how it is called) changes
 FORMAT = 2
@@ -426,6 +426,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
     return Compiled(fn, key, "compiled", seconds, path, "; ".join(notes) or None)
 
 
+def tensor_layout(t: torch.Tensor) -> tuple:
+    """What compiled kernels are specialized on besides a tensor's values and address."""
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device)
+
+
 class CompiledProducts:
     """A recorded products graph ``gm(x, seeds)``, specialized on its constants and compiled:
     called as ``products(x, seeds)`` with the seeds it was specialized on."""
@@ -434,6 +439,9 @@ class CompiledProducts:
         self.compiled = compiled
         self.runtime = runtime
         self.extras = extras
+        #: the layouts of the tensors in ``extras`` the kernels were compiled for (a tensor whose
+        #: strides change under the same object, ``W.t_()``, must not meet them)
+        self.layouts = [tensor_layout(t) for t in extras if isinstance(t, torch.Tensor)]
         self.notes = notes
         fn = compiled.fn
         if runtime == [0]:

@@ -67,6 +67,17 @@ def _records_grad(compiled) -> bool:
     return any(isinstance(t, torch.Tensor) and t.requires_grad for t in getattr(compiled, "extras", ()))
 
 
+def _layouts_hold(graph) -> bool:
+    """Whether the tensors a compiled graph reads still have the layout it was compiled for."""
+    compiled = getattr(graph, "fn", graph)
+    layouts = getattr(compiled, "layouts", None)
+    if layouts is None:
+        return True
+    from .compile_cache import tensor_layout
+
+    return [tensor_layout(t) for t in compiled.extras if isinstance(t, torch.Tensor)] == layouts
+
+
 class Tracing:
     """Records and replays one :class:`~asd.backends.base.BatchedProducts`' function.
 
@@ -153,6 +164,11 @@ class Tracing:
             # (their version counter too: a write into them must not meet constants folded from before)
             key = key + (seeds.data_ptr(), seeds.stride(), seeds._version)
         graph = self.graphs.get(key)
+        if graph is not None and self.compile and not _layouts_hold(graph):
+            # a tensor the compiled kernels read has other strides, offset or dtype under the same
+            # object (W.t_(), p.data = q): the kernels are specialized on the old layout, compile anew
+            del self.graphs[key]
+            graph = None
         if graph is None:
             if self.calls <= (0 if self.compile else self.calls_before):
                 return None
@@ -171,10 +187,7 @@ class Tracing:
                     if _records_grad(graph):  # this call's products go through the transforms
                         self.graphs[key] = graph
                         return None
-                    if self.cuda_graphs and x.device.type == "cuda":
-                        from .cudagraph import graphed
-
-                        graph, self.cuda_graph_error = graphed(graph, x, seeds, constant_seeds=self.constant_seeds)
+                    graph = self._graphed(graph, x, seeds)
                 else:
                     graph = self.replay = eager_replay(graph, x, seeds, constant_seeds=self.constant_seeds,
                                                        owned=self.owned)
@@ -187,4 +200,16 @@ class Tracing:
             return out
         if self.compile and _records_grad(graph):
             return None
+        if (self.cuda_graphs and x.device.type == "cuda" and self.cuda_graph_error is None
+                and not getattr(graph, "captured", False)):
+            graph = self.graphs[key] = self._graphed(graph, x, seeds)  # compiled at a call that needed grad
         return graph(x, seeds)
+
+    def _graphed(self, compiled, x: torch.Tensor, seeds: torch.Tensor):
+        """The compiled products replayed as a CUDA graph where asked for and possible."""
+        if not (self.cuda_graphs and x.device.type == "cuda"):
+            return compiled
+        from .cudagraph import graphed
+
+        graph, self.cuda_graph_error = graphed(compiled, x, seeds, constant_seeds=self.constant_seeds)
+        return graph

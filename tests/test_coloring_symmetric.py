@@ -196,3 +196,17 @@ def test_choose_hessian_skips_a_star_coloring_that_cannot_win(seed, kind):
     assert np.array_equal(got.colors, want.colors)
     if acyclic.ncolors <= 2 and has_path_of_four(P):
         assert star.ncolors >= 3
+
+
+def test_choose_hessian_does_not_color_star_on_a_path(monkeypatch):
+    import asd.coloring
+    from asd.coloring.choose import choose_hessian
+    from asd.patterns import as_pattern
+
+    asked = []
+    real = asd.coloring.color
+    monkeypatch.setattr(asd.coloring, "color", lambda p, problem, **kw: asked.append(problem) or real(p, problem, **kw))
+    n = 30
+    P = as_pattern(sp.diags([np.ones(n - 1), np.ones(n), np.ones(n - 1)], [-1, 0, 1], format="csr"), name="pattern")
+    got = choose_hessian(P, None, "natural", exact_arithmetic=True, max_levels=None)
+    assert got.ncolors == 2 and asked == ["acyclic"]

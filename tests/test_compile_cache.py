@@ -490,3 +490,23 @@ def test_a_captured_tensor_whose_strides_change_is_compiled_anew():
         W.data = W.data.t().contiguous().t()  # other strides again, under the same object
         torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
     assert op.strategy == strategy and _tracing(op).compiled is not None
+
+
+def test_another_storage_offset_alone_is_not_compiled_again():
+    """Compiled kernels address a tensor through its pointer: a parameter rebound to other windows
+    of one buffer (same strides) keeps its kernels, and the results follow the window."""
+    buf = torch.rand(64, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    w = buf[0:12].clone()
+
+    def f(x):
+        return torch.sin(x) * w + x.roll(1) * x
+
+    x = torch.rand(12, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    op = asd.prepare_jacobian(f, x, mode="forward", compile=True)
+    op(x)
+    compiled = compile_cache.STATS.compiled + compile_cache.STATS.loaded
+    for i in range(1, 6):
+        w.data = buf[2 * i:2 * i + 12]
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+    assert compile_cache.STATS.compiled + compile_cache.STATS.loaded == compiled
+    assert _tracing(op).relayouts <= 1

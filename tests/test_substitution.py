@@ -136,3 +136,15 @@ def test_a_plan_keeps_its_kernel_arrays_read_only():
         with pytest.raises(ValueError, match="read-only"):
             a[:1] = 0
     np.testing.assert_allclose(plan.decompress(B), v)
+
+
+def test_a_plan_is_built_without_copying_its_kernel_arrays(monkeypatch):
+    import asd.decompression._substitution_kernels as kernels
+    from asd.decompression.plans import substitution_plan
+
+    made = []
+    real = kernels.sort_steps_by_level
+    monkeypatch.setattr(kernels, "sort_steps_by_level", lambda *a: made.append(real(*a)) or made[-1])
+    res, _, _ = _case(seed=5)
+    plan = substitution_plan(res.pattern, res.colors, res.ncolors)
+    assert plan.step_pos is made[0][0] and plan.level_ptr is made[0][-1]

@@ -104,3 +104,27 @@ def test_many_compiled_operators_in_one_process_stay_compiled():
         torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
         ops.append(op)
     assert all(_tracings(op).graphs and not _tracings(op).disabled for op in ops)
+
+
+def test_a_recorded_view_of_a_tensor_whose_strides_changed_is_recorded_again():
+    """W.t_() keeps the tensor object and shape: a recorded ``view`` of it then raises. The call
+    goes through the transforms and the products are recorded again, with no change of strategy."""
+    import warnings
+
+    W = torch.rand(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def f(x):
+        return torch.tanh(W.reshape(-1) * x) + x.roll(1) * x
+
+    x = torch.rand(16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    op = asd.prepare_jacobian(f, x, mode="forward")
+    for _ in range(CALLS_BEFORE_TRACING + 5):
+        op(x)
+    assert _tracings(op).graphs
+    strategy = op.strategy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        W.t_()
+        for _ in range(3):
+            torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+    assert op.strategy == strategy and _tracings(op).graphs

@@ -119,6 +119,8 @@ class Tracing:
         #: another way sets it to 0 to record at the next call)
         self.calls_before = CALLS_BEFORE_TRACING
         self.misses = 0
+        #: graphs dropped because a tensor they read changed layout (see :meth:`_relayout`)
+        self.relayouts = 0
         self.disabled = False
         self.error: str | None = None
 
@@ -165,9 +167,10 @@ class Tracing:
             key = key + (seeds.data_ptr(), seeds.stride(), seeds._version)
         graph = self.graphs.get(key)
         if graph is not None and self.compile and not _layouts_hold(graph):
-            # a tensor the compiled kernels read has other strides, offset or dtype under the same
-            # object (W.t_(), p.data = q): the kernels are specialized on the old layout, compile anew
-            del self.graphs[key]
+            # a tensor the compiled kernels read has other strides or dtype under the same object
+            # (W.t_(), p.data = q): the kernels are specialized on the old layout, compile anew
+            if not self._relayout(key):
+                return None
             graph = None
         if graph is None:
             if self.calls <= (0 if self.compile else self.calls_before):
@@ -203,11 +206,29 @@ class Tracing:
         if (self.cuda_graphs and x.device.type == "cuda" and self.cuda_graph_error is None
                 and not getattr(graph, "captured", False)):
             graph = self.graphs[key] = self._graphed(graph, x, seeds)  # compiled at a call that needed grad
-        return graph(x, seeds)
+        if self.compile:
+            return graph(x, seeds)
+        try:
+            return graph(x, seeds)
+        except Exception:  # noqa: BLE001 - a recorded view of a tensor whose strides changed (W.t_())
+            self._relayout(key)  # this call through the transforms; recorded again at the next
+            return None
+
+    def _relayout(self, key) -> bool:
+        """Drop the graph of ``key``, recorded for tensors whose layout changed since; ``False``
+        (and no tracing from now on) after :data:`MAX_MISSES` such changes: a tensor whose layout
+        changes at every call would be recorded and compiled at every call."""
+        self.graphs.pop(key, None)
+        self.relayouts += 1
+        if self.relayouts > MAX_MISSES:
+            self.disabled = True
+            return False
+        return True
 
     def _graphed(self, compiled, x: torch.Tensor, seeds: torch.Tensor):
-        """The compiled products replayed as a CUDA graph where asked for and possible."""
-        if not (self.cuda_graphs and x.device.type == "cuda"):
+        """The compiled products replayed as a CUDA graph where asked for and possible (not while
+        the caller is capturing a graph of its own: capturing would break it)."""
+        if not (self.cuda_graphs and x.device.type == "cuda") or torch.cuda.is_current_stream_capturing():
             return compiled
         from .cudagraph import graphed
 

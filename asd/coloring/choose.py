@@ -57,8 +57,10 @@ def choose_hessian(pattern: SparsityPattern, problem: str | None, order: str, *,
 
 
 def has_path_of_four(pattern: SparsityPattern) -> bool:
-    """Whether the adjacency graph of the symmetric ``pattern`` (the diagonal aside) has a path on
-    four vertices: an edge both of whose ends have another neighbour."""
+    """Whether the adjacency graph of the symmetric ``pattern`` (the diagonal aside) has an edge
+    both of whose ends have another neighbour: on a forest (the graph of every two-color acyclic
+    coloring), exactly whether it has a path on four vertices (a triangle has such an edge, and
+    no path on four vertices)."""
     rows, cols = pattern.rows, pattern.indices
     off = rows != cols
     degree = np.bincount(rows[off], minlength=pattern.shape[0])

@@ -167,6 +167,8 @@ class BatchedProducts:
             out = self.tracing.run(self._eager, x, seeds)
             if out is not None:
                 return out
+            if self.tracing.layout_unstable:  # not torch.compile, whose guards miss it as well
+                return self._call(self._eager, x, seeds)
         if self._compiled is not None:
             try:
                 return self._call(self._compiled, x, seeds)

@@ -427,10 +427,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
 
 
 def tensor_layout(t: torch.Tensor) -> tuple:
-    """What compiled kernels are specialized on besides a tensor's values and address: shape,
-    strides, dtype, device and whether the address is 16-byte aligned (the kernels address the
-    data through its pointer, so another storage offset alone changes nothing)."""
-    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+    """What compiled kernels are specialized on besides a tensor's values: shape, strides, storage
+    offset (an ``as_strided`` in ``f`` counts from the storage, the kernels from the pointer they
+    are given), dtype and device."""
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device)
 
 
 class CompiledProducts:

@@ -119,8 +119,10 @@ class Tracing:
         #: another way sets it to 0 to record at the next call)
         self.calls_before = CALLS_BEFORE_TRACING
         self.misses = 0
-        #: graphs dropped because a tensor they read changed layout (see :meth:`_relayout`)
+        #: graphs dropped because a tensor they read changed layout (see :meth:`_relayout`); past
+        #: :data:`MAX_MISSES` of them the products are evaluated by the plain transforms
         self.relayouts = 0
+        self.layout_unstable = False
         self.disabled = False
         self.error: str | None = None
 
@@ -222,6 +224,8 @@ class Tracing:
         self.relayouts += 1
         if self.relayouts > MAX_MISSES:
             self.disabled = True
+            # torch.compile's guards do not see a storage offset either: the plain transforms
+            self.layout_unstable = True
             return False
         return True
 

@@ -169,7 +169,7 @@ class Tracing:
             key = key + (seeds.data_ptr(), seeds.stride(), seeds._version)
         graph = self.graphs.get(key)
         if graph is not None and self.compile and not _layouts_hold(graph):
-            # a tensor the compiled kernels read has other strides or dtype under the same object
+            # a tensor the compiled kernels read has other strides, offset or dtype under the same object
             # (W.t_(), p.data = q): the kernels are specialized on the old layout, compile anew
             if not self._relayout(key):
                 return None

@@ -12,8 +12,8 @@ import torch
 from .detection.jacobian import check_input
 from .cache import CACHE, cache_key
 from .errors import CheckError, InputError, StalePatternWarning
-from .operators import SparseHessian, SparseJacobian, _check_option, example_input
-from .options import check_batch_size, check_bool, check_compile
+from .operators import SparseHessian, SparseJacobian, example_input
+from .options import check_bool
 
 
 def prepare_jacobian(f: Callable, x: torch.Tensor, **options) -> SparseJacobian:
@@ -82,18 +82,6 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
         return call(op, z, *args, **kwargs)
 
     cache = check_bool("cache", options.pop("cache", True))
-    # validated before they key the cache: 1 == True would find the operator of compile=True
-    if "compile" in options:
-        check_compile(options["compile"])
-    for name in ("local", "strict"):
-        if name in options:
-            check_bool(name, options[name])
-    if "batch_size" in options:
-        check_batch_size(options["batch_size"])
-    if "check" in options:
-        _check_option(options["check"], False)
-    if options.get("trace") is not None:
-        check_bool("trace", options["trace"])
     if not cache or options.get("local", False) or "pattern" in options:
         op = cls(f, x, args=args, kwargs=kwargs, **options)
         return op, evaluate(op, x)

@@ -413,8 +413,10 @@ def cache_key(kind: str, f: Callable, x: torch.Tensor, options: dict):
     refs, ident = _weak_ident(f)
     if refs is None:
         return None
+    # each option with its type: 1 == True, and compile=1 must not find the operator of compile=True
+    # (a miss prepares a new operator, whose constructor refuses what it must)
     return (kind, ident, tuple(x.shape), x.dtype, str(x.device), bool(x.requires_grad), torch.is_grad_enabled(),
-            tuple(sorted(options.items())))
+            tuple(sorted((k, type(v).__qualname__, v) for k, v in options.items())))
 
 
 class _Entry:

@@ -24,8 +24,9 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from harness import settle  # noqa: E402  (puts the checkout's root on sys.path)
 
 import asd  # noqa: E402
 from asd.problems import brusselator, brusselator_input  # noqa: E402
@@ -48,17 +49,6 @@ def _sync(fn):
         return out
 
     return call
-
-
-def _settle(op, x) -> dict:
-    """The operator's first calls, timed apart (see benchmarks/harness.py ``settle``): an eager
-    operator evaluates through torch.func until its products are recorded, at call 50."""
-    from asd.backends.traced import CALLS_BEFORE_TRACING
-
-    t0 = time.perf_counter()
-    for _ in range(CALLS_BEFORE_TRACING + 2):
-        _sync(lambda: op(x))()
-    return dict(calls=CALLS_BEFORE_TRACING + 2, mean=(time.perf_counter() - t0) / (CALLS_BEFORE_TRACING + 2))
 
 
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -108,7 +98,7 @@ def case(name: str, prepare, f, x_cpu: torch.Tensor, *, cpu_compile: bool, peer:
     times = {}
     for label, op in ops.items():
         _step(name, f"time {label}")
-        row[f"{label}_first_calls"] = _settle(op, x)  # the steady state is measured next
+        row[f"{label}_first_calls"] = settle(_sync(lambda: op(x)))  # the steady state is measured next
         times[f"gpu_{label}"] = measure(_sync(lambda: op(x)), POLICY).median
         if label != "eager":
             row[f"{label}_rel_err"] = max(_err(op(x2), ref2), _err(op(x), ref))
@@ -124,7 +114,7 @@ def case(name: str, prepare, f, x_cpu: torch.Tensor, *, cpu_compile: bool, peer:
     _step(name, "the CPU")
     Jc = prepare(f, x_cpu)
     row["cpu_vs_gpu_rel_err"] = _err(Jc(x_cpu), ref)
-    row["cpu_first_calls"] = _settle(Jc, x_cpu)
+    row["cpu_first_calls"] = settle(lambda: Jc(x_cpu))
     times["cpu_eager"] = measure(lambda: Jc(x_cpu), POLICY).median
     if peer is not None:
         _step(name, "asdex")

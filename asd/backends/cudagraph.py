@@ -44,7 +44,10 @@ def _tensors(fn) -> list[torch.Tensor]:
 
 
 def _layout(t: torch.Tensor) -> tuple:
-    return (t.data_ptr(), t.stride(), t.storage_offset(), tuple(t.shape), t.dtype, t.device)
+    """The address a captured graph reads, with what compiled kernels are specialized on."""
+    from .compile_cache import tensor_layout
+
+    return (t.data_ptr(), *tensor_layout(t))
 
 
 def _matches(out: torch.Tensor, expected: torch.Tensor) -> bool:

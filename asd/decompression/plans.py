@@ -28,6 +28,10 @@ from asd.coloring.result import AcyclicColoring, BiColoring, ColumnColoring, Row
 from asd.errors import ColoringError, DecompressionError
 from asd.patterns import _frozen as _ro
 
+__all__ = ["DirectPlan", "SubstitutionPlan", "build_plan"]
+
+_I = np.int64
+
 
 def _sealed(*arrays: np.ndarray) -> tuple | None:
     """Arrays this module has just computed (no one else holds them), made read-only in place, or
@@ -37,10 +41,6 @@ def _sealed(*arrays: np.ndarray) -> tuple | None:
     for a in arrays:
         a.setflags(write=False)
     return arrays
-
-__all__ = ["DirectPlan", "SubstitutionPlan", "build_plan"]
-
-_I = np.int64
 
 
 class _Plan:

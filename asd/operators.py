@@ -110,9 +110,13 @@ def check_context(x: torch.Tensor) -> None:
     if x.is_inference():
         raise InputError("x is an inference tensor (created under torch.inference_mode()), which autograd cannot "
                          "differentiate: pass x.clone() made outside inference mode")
-    if x.device.type in ("cpu", "cuda", "xpu", "mps") and torch.is_autocast_enabled(x.device.type):
+    kind = x.device.type
+    if kind in _AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
         warnings.warn(f"asd: called inside torch.autocast: the derivative is computed in the autocast precision "
-                      f"({torch.get_autocast_dtype(x.device.type)}), not in {x.dtype}", RuntimeWarning, stacklevel=4)
+                      f"({torch.get_autocast_dtype(kind)}), not in {x.dtype}", RuntimeWarning, stacklevel=4)
+
+
+_AUTOCAST_DEVICES = frozenset({"cpu", "cuda", "xpu", "mps"})
 
 
 def example_input(x):
@@ -451,7 +455,8 @@ class _SparseOperator:
             self._check_out_values(out)
         call_args, changed = self._call_with(args, kwargs)
         vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
-        vals = vals.to(self.dtype)
+        if vals.dtype != self.dtype:
+            vals = vals.to(self.dtype)
         if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals, call_args)
         if out is None:

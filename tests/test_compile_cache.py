@@ -12,11 +12,13 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import asd
 from asd.backends import compile_cache, traced
-from asd.backends.specialize import functional, lift, specialize
+from asd.backends.specialize import _blocked, functional, lift, specialize
 from asd.problems import brusselator, brusselator_input, rosenbrock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -517,3 +519,67 @@ def test_a_parameter_moved_to_another_storage_offset(mode):
             w.data = buf[k:k + 12]
             torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
     assert _tracing(op).layout_unstable
+
+
+def _view_gather(flat: torch.Tensor, start: int, block) -> torch.Tensor:
+    """The view ``specialize`` builds for a gather ``_blocked`` recognizes (see its ``_gather``)."""
+    m, r, tiled = block
+    part = flat[start:start + m]
+    return (part.reshape(1, m).expand(r, m) if tiled else part.reshape(m, 1).expand(m, r)).reshape(-1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 5), st.booleans(), st.integers(0, 3),
+       st.lists(st.integers(-1, 2), max_size=2))
+def test_blocked_gathers_are_views_reading_the_same_elements(m, r, tiled, start, edits):
+    """A gather whose index repeats each element (or the whole run) is read as a broadcast view;
+    an index that is not exactly such a run (edited at random places) is left a gather."""
+    rel = torch.arange(m).repeat(r) if tiled else torch.arange(m).repeat_interleave(r)
+    for e in edits:
+        k = abs(e * 7 + m) % rel.numel()
+        rel[k] = max(int(rel[k]) + e, 0)
+    if int(rel.min()) != 0:
+        return
+    flat = torch.randn(start + m + 4, dtype=torch.float64)
+    block = _blocked(rel)
+    if block is None:
+        exact = (torch.arange(m).repeat(r), torch.arange(m).repeat_interleave(r))
+        assert not any(torch.equal(rel, e) for e in exact) or rel.numel() < 2 or int(rel.max()) == 0
+        return
+    assert torch.equal(_view_gather(flat, start, block), flat[start + rel])
+
+
+def test_the_brusselator_reads_its_input_without_an_index(monkeypatch):
+    """Every CSR row of the Brusselator's Jacobian reads its own grid point: the compiled values read
+    u and v as broadcast views (no index per value: 17% of the kernel) and give dense AD's values."""
+    graphs = []
+    compile_graph = compile_cache.compile_graph
+
+    def spy(gm, example_inputs, **kw):
+        graphs.append(gm)
+        return compile_graph(gm, example_inputs, **kw)
+
+    monkeypatch.setattr(compile_cache, "compile_graph", spy)
+    f, x = brusselator(8), brusselator_input(8)
+    op = asd.prepare_jacobian(f, x, mode="forward", compile=True)
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+    c = _tracing(op).compiled
+    assert c.watched == () and c.layouts == []  # no tensor of f's: nothing to watch per call
+    (gm,) = graphs
+    targets = {n.target for n in gm.graph.nodes}
+    assert torch.ops.aten.expand.default in targets
+    assert not targets & {torch.ops.aten._unsafe_index.Tensor, torch.ops.aten.index.Tensor,
+                          torch.ops.aten.index_select.default}
+
+
+def test_only_the_tensors_f_reads_are_watched_per_call():
+    """A compiled call checks the layout and requires_grad of the tensors f reads (parameters), not
+    of the constants the specialization folded (the operator's own, read by nothing else)."""
+    W = torch.rand(12, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    f = lambda x: torch.tanh(x * W) + torch.roll(x, 1) ** 2  # noqa: E731
+    x = torch.rand(12, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, mode="forward", compile=True)
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+    c = _tracing(op).compiled
+    assert len(c.watched) == 1 and c.watched[0] is W
+    assert len(c.extras) > 1  # folded constants besides W, not watched

@@ -437,19 +437,28 @@ class CompiledProducts:
     """A recorded products graph ``gm(x, seeds)``, specialized on its constants and compiled:
     called as ``products(x, seeds)`` with the seeds it was specialized on."""
 
-    def __init__(self, compiled: Compiled, runtime: list[int], extras: list, notes: list[str]):
+    def __init__(self, compiled: Compiled, runtime: list[int], extras: list, notes: list[str],
+                 by_reference: list[int] | None = None):
         self.compiled = compiled
         self.runtime = runtime
         self.extras = extras
-        #: the layouts of the tensors in ``extras`` the kernels were compiled for (a tensor whose
-        #: strides change under the same object, ``W.t_()``, must not meet them)
-        self.layouts = [tensor_layout(t) for t in extras if isinstance(t, torch.Tensor)]
+        #: the tensors in ``extras`` read by reference (``f``'s parameters and captured tensors; all
+        #: of them where ``by_reference`` is ``None``); the others are the specialization's own
+        self.watched = tuple(t for i, t in enumerate(extras) if isinstance(t, torch.Tensor)
+                             and (by_reference is None or i in by_reference))
+        #: their layouts the kernels were compiled for (a tensor whose strides change under the same
+        #: object, ``W.t_()``, must not meet them)
+        self.layouts = [tensor_layout(t) for t in self.watched]
         self.notes = notes
         fn = compiled.fn
         if runtime == [0]:
             self._call = lambda x, seeds: fn(x, *extras)
         else:
             self._call = lambda x, seeds: fn(*[(x, seeds)[i] for i in runtime], *extras)
+
+    def layouts_hold(self) -> bool:
+        """Whether the watched tensors still have the layouts the kernels were compiled for."""
+        return not self.layouts or [tensor_layout(t) for t in self.watched] == self.layouts
 
     def __call__(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
         return self._call(x, seeds)
@@ -470,4 +479,4 @@ def compile_products(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Ten
     with torch.no_grad():
         expected = spec.gm(*args)
     compiled = compile_graph(spec.gm, args, expected=expected)
-    return CompiledProducts(compiled, spec.runtime, spec.extras, spec.notes)
+    return CompiledProducts(compiled, spec.runtime, spec.extras, spec.notes, spec.by_reference)

@@ -85,6 +85,10 @@ class Specialized:
     folded: int = 0
     pushed: bool = False
     notes: list[str] = field(default_factory=list)
+    #: positions in ``extras`` of the tensors read by reference (``f``'s own: a parameter, a
+    #: captured tensor), whose layout and ``requires_grad`` a call must watch; ``None``: all of them.
+    #: The others are constants folded by the specialization, made here and read by nothing else.
+    by_reference: list[int] | None = None
 
     def arguments(self, inputs) -> list:
         return [inputs[i] for i in self.runtime] + self.extras
@@ -118,6 +122,30 @@ def _key(index: torch.Tensor) -> tuple:
     would then refuse it)."""
     data = memoryview(index.contiguous().numpy()).cast("B")
     return (index.numel(), zlib.crc32(data), zlib.adler32(data))
+
+
+def _blocked(rel: torch.Tensor) -> tuple[int, int, bool] | None:
+    """``(m, r, tiled)`` where the gather index ``rel`` (smallest entry 0) reads ``0, 1, ..., m - 1``
+    with each element repeated ``r`` times in a row (``tiled`` False: a CSR row's entries all read
+    their row's value; ``r`` may be 1: a slice) or the whole run repeated ``r`` times (``tiled``
+    True); else ``None``. Such a gather is a broadcast view, which compiled kernels read without an index."""
+    n = rel.numel()
+    if n < 2 or int(rel[0]) != 0:
+        return None
+    nonzero = torch.nonzero(rel).flatten()
+    if nonzero.numel() == 0:
+        return None  # all one element: the single-value broadcast handles it
+    first = int(nonzero[0])
+    if n % first == 0:
+        m, r = n // first, first
+        if torch.equal(rel, torch.arange(m, dtype=rel.dtype).repeat_interleave(r)):
+            return m, r, False
+    zeros = torch.nonzero(rel[1:] == 0).flatten()
+    if zeros.numel() and n % (int(zeros[0]) + 1) == 0:
+        m = int(zeros[0]) + 1
+        if m > 1 and torch.equal(rel, torch.arange(m, dtype=rel.dtype).repeat(n // m)):
+            return m, n // m, True
+    return None
 
 
 def _mutable(node: Node) -> bool:
@@ -423,6 +451,7 @@ class _Rewriter:
         g = Graph()
         self.new = g
         self.extras: list[torch.Tensor] = []
+        self.by_reference: list[int] = []
         self.runtime: list[int] = []
         self._const_nodes: dict = {}
         self.mat: dict[Node, Node] = {}
@@ -484,6 +513,8 @@ class _Rewriter:
                 node = self.new.placeholder(f"const_{len(self.extras)}")
         self._last_ph = node
         node.meta["val"] = value
+        if by_reference:
+            self.by_reference.append(len(self.extras))
         self.extras.append(value)
         if key is not None:
             self._const_nodes[key] = node
@@ -547,9 +578,22 @@ class _Rewriter:
                 # gathers at the same positions of different views of one tensor (u and v of
                 # x = [u; v]) share one index: the offset goes into the base
                 start = int(index.min()) if index.numel() else 0
+                rel = index - start
+                block = _blocked(rel)
+                if block is not None:  # each element repeated, or the whole run tiled: a view, no index
+                    m, r, tiled = block
+                    part = self.new.call_function(aten.slice.Tensor, (flat, 0, start, start + m))
+                    if r == 1:
+                        self._gathers[gk] = part
+                        return part
+                    shape = [1, m] if tiled else [m, 1]
+                    part = self.new.call_function(aten.reshape.default, (part, shape))
+                    part = self.new.call_function(aten.expand.default, (part, [r, m] if tiled else [m, r]))
+                    self._gathers[gk] = self.new.call_function(aten.reshape.default, (part, [-1]))
+                    return self._gathers[gk]
                 if start:
                     flat = self.new.call_function(aten.slice.Tensor, (flat, 0, start, _numel(node)))
-                idx = self._stored((index - start).contiguous(), index=True)
+                idx = self._stored(rel.contiguous(), index=True)
                 self._gathers[gk] = self.new.call_function(aten._unsafe_index.Tensor, (flat, [idx]))
         return self._gathers[gk]
 
@@ -754,7 +798,8 @@ def _candidate(rw: _Rewriter, root: Node, push: bool):
         raise _Unsupported(f"folded constants of {extra_bytes >> 20} MiB")
     new_graph.lint()
     new = GraphModule(torch.nn.Module(), new_graph)
-    return Specialized(new, runtime, extras, folded=len(rw.env), pushed=bool(rw.derive))
+    return Specialized(new, runtime, extras, folded=len(rw.env), pushed=bool(rw.derive),
+                       by_reference=list(rw.by_reference))
 
 
 def _traffic(graph: Graph, nbytes: dict) -> int:

@@ -64,18 +64,17 @@ def _records_grad(compiled) -> bool:
     the transforms, whose results carry its gradient."""
     if not torch.is_grad_enabled():
         return False
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in getattr(compiled, "extras", ()))
+    compiled = getattr(compiled, "fn", compiled)  # a CUDA-graphed one: the compiled products it replays
+    watched = getattr(compiled, "watched", None)
+    if watched is None:
+        watched = [t for t in getattr(compiled, "extras", ()) if isinstance(t, torch.Tensor)]
+    return any(t.requires_grad for t in watched)
 
 
 def _layouts_hold(graph) -> bool:
     """Whether the tensors a compiled graph reads still have the layout it was compiled for."""
-    compiled = getattr(graph, "fn", graph)
-    layouts = getattr(compiled, "layouts", None)
-    if layouts is None:
-        return True
-    from .compile_cache import tensor_layout
-
-    return [tensor_layout(t) for t in compiled.extras if isinstance(t, torch.Tensor)] == layouts
+    hold = getattr(getattr(graph, "fn", graph), "layouts_hold", None)
+    return hold is None or hold()
 
 
 class Tracing:

@@ -564,6 +564,40 @@ def test_union_matches_dense(data):
     np.testing.assert_array_equal(out.toarray(), want)
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_full_rows_and_gathered_unions_match_dense(data):
+    """The union of all rows (a mask over the inputs where that is cheaper than sorting, else
+    np.unique) and gather_union into one row (a full reduction, no product) equal the dense union."""
+    M, D = data.draw(_set_matrices())
+    rows, n = D.shape
+    if data.draw(st.booleans()):  # many more inputs than entries: the sorting branch
+        wide = sp.csr_matrix(np.hstack([D, np.zeros((rows, 5000), bool)]))
+        M, D = S._csr(wide.indptr, wide.indices, wide.shape), wide.toarray()
+    out = S.full_row(M)
+    out.check_format(full_check=True)
+    assert out.has_canonical_format and out.shape == (1, D.shape[1])
+    np.testing.assert_array_equal(out.toarray()[0], D.any(axis=0))
+    if rows:
+        cols = np.array(data.draw(st.lists(st.integers(-1, rows - 1), max_size=12)), dtype=np.int64)
+        got = S.gather_union(M, np.zeros(len(cols), dtype=np.int64), cols, 1)
+        want = D[cols[cols >= 0]].any(axis=0) if (cols >= 0).any() else np.zeros(D.shape[1], bool)
+        got.check_format(full_check=True)
+        np.testing.assert_array_equal(got.toarray().reshape(-1), want)
+
+
+def test_vstack_reads_only_the_stored_entries():
+    """A scipy matrix may keep unused room past ``indptr[-1]`` in ``indices``: stacking must not
+    shift the next matrix's rows by it."""
+    A = sp.csr_matrix((np.ones(2, bool), np.array([0, 2]), np.array([0, 1, 2])), shape=(2, 3))
+    A.indices, A.data = np.array([0, 2, 1, 1], dtype=A.indices.dtype), np.ones(4, bool)  # room past the end
+    assert A.nnz == 2
+    B = S.identity(3)
+    out = S.vstack([A, B])
+    out.check_format(full_check=True)
+    np.testing.assert_array_equal(out.toarray(), np.vstack([A.toarray(), np.eye(3, dtype=bool)]))
+
+
 def test_a_view_reads_its_rows_again_after_a_write():
     """Views cache their rows of the storage's sets; a write through any alias, or an in-place
     view op changing the view's element map, makes them read again."""

@@ -288,6 +288,45 @@ def test_random_compositions_are_sound(program, seed):
     assert_sound(P, dense_pattern(f, n, points=2, seed=seed, signed=True))
 
 
+def _program_function(program):
+    rows, cols, steps, red = program
+
+    def f(x):
+        vals = [x[: rows * cols].reshape(rows, cols), x[rows * cols:].reshape(rows, cols)]
+        for binary, k, i, j in steps:
+            a, b = vals[i % len(vals)], vals[j % len(vals)]
+            if binary:
+                op = BINARY[k % len(BINARY)]
+                vals.append(torch.mul(a, b) if k % len(BINARY) == 8 and rows != cols else op(a, b))
+            else:
+                vals.append(UNARY[k % len(UNARY)](a))
+        return REDUCE[red](vals[-1] + 0.1 * vals[-2] + torch.sin(vals[0]).sum())
+
+    return f, 2 * rows * cols
+
+
+@given(programs())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_stacked_squares_give_the_per_op_pattern(program):
+    """The squares G^T G are multiplied out once, on the stacked G (whenever their size passes
+    MERGE_NNZ, and at the end): the pattern is the one of a product per op."""
+    from asd.detection import hessian as H
+
+    f, n = _program_function(program)
+    x = torch.zeros(n, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stacked = hessian_sparsity(f, x).toarray()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(H.HessianTracer, "MERGE_NNZ", 1)  # flushed at almost every square
+            flushed = hessian_sparsity(f, x).toarray()
+            mp.setattr(H.HessianTracer, "add_square",
+                       lambda self, G: self._add(H._gram(G, G)) if G is not None and G.nnz else None)
+            per_op = hessian_sparsity(f, x).toarray()
+    np.testing.assert_array_equal(stacked, per_op)
+    np.testing.assert_array_equal(flushed, per_op)
+
+
 # -- colorings and the registry ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [2, 5, 100, 1000, 10_000])

@@ -82,6 +82,10 @@ class HessianTracer(Tracer):
         super().__init__(n, local=local, strict=strict, device=device)
         self._pieces: list[sp.csr_matrix] = []
         self._pending = 0
+        # the G of every H |= G^T G not yet multiplied out: sum_k G_k^T G_k is one product of the
+        # stacked G_k, instead of a product and an n x n sum per nonlinear op
+        self._squares: dict[int, sp.csr_matrix] = {}
+        self._squares_nnz = 0
 
     # -- accumulation ---------------------------------------------------------------------------
     def _add(self, M: sp.spmatrix, symmetric: bool = True) -> None:
@@ -98,7 +102,17 @@ class HessianTracer(Tracer):
 
     def add_square(self, G: sp.csr_matrix | None) -> None:
         """``H |= G^T G``: every pair of dependencies of one row of ``G``."""
-        if G is not None and G.nnz:
+        if G is None or not G.nnz or id(G) in self._squares:
+            return
+        self._squares[id(G)] = G  # kept alive (set matrices are never modified): its id is not reused
+        self._squares_nnz += G.nnz
+        if self._squares_nnz > self.MERGE_NNZ:
+            self._flush_squares()
+
+    def _flush_squares(self) -> None:
+        if self._squares:
+            G = S.vstack([g if g.has_sorted_indices else S._canonical(g) for g in self._squares.values()])
+            self._squares, self._squares_nnz = {}, 0
             self._add(_gram(G, G))
 
     def add_cross(self, Ga: sp.csr_matrix | None, Gb: sp.csr_matrix | None) -> None:
@@ -108,6 +122,7 @@ class HessianTracer(Tracer):
 
     def pattern(self) -> sp.csr_matrix:
         """The accumulated symmetric pattern (bool CSR, sorted indices)."""
+        self._flush_squares()
         return _sum(self._pieces, self.n)  # every piece is symmetric
 
     # -- the hook -------------------------------------------------------------------------------

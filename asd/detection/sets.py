@@ -92,8 +92,15 @@ def identity(n: int) -> sp.csr_matrix:
 
 def full_row(S: sp.csr_matrix) -> sp.csr_matrix:
     """The union of all rows of ``S`` as a single-row set matrix."""
-    cols = np.unique(S.indices)
-    return _csr(np.array([0, len(cols)], dtype=INDEX), cols, (1, S.shape[1]))
+    n = S.shape[1]
+    present = S.indices[:int(S.indptr[-1])]
+    if n <= 4 * len(present) + 4096:  # a mask over the inputs: linear, where sorting is not
+        mask = np.zeros(n, dtype=bool)
+        mask[present] = True
+        cols = np.flatnonzero(mask)
+    else:
+        cols = np.unique(present)
+    return _csr(np.array([0, len(cols)], dtype=INDEX), cols, (1, n))
 
 
 def _range_start(idx: np.ndarray, rows: int) -> int | None:
@@ -213,7 +220,7 @@ def vstack(mats: Sequence[sp.csr_matrix]) -> sp.csr_matrix:
         indptrs.append(m.indptr[1:].astype(INDEX) + offset)
         offset += m.nnz
     rows = sum(m.shape[0] for m in mats)
-    return _csr(np.concatenate(indptrs), np.concatenate([m.indices for m in mats]), (rows, n))
+    return _csr(np.concatenate(indptrs), np.concatenate([m.indices[:m.nnz] for m in mats]), (rows, n))
 
 
 def gather_union(S: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray, nrows: int) -> sp.csr_matrix:
@@ -229,6 +236,8 @@ def gather_union(S: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray, nrows: in
         rows, cols = rows[keep], cols[keep]
     if S.nnz == 0 or len(rows) == 0:
         return empty(nrows, S.shape[1])
+    if nrows == 1:  # a full reduction (x.sum()): the union of the rows read, without a product
+        return full_row(take_rows(S, cols))
     D = sp.csr_matrix((np.ones(len(rows), dtype=bool), (rows, cols)), shape=(nrows, S.shape[0]))
     return matmul(D, S)
 

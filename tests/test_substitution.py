@@ -148,3 +148,25 @@ def test_a_plan_is_built_without_copying_its_kernel_arrays(monkeypatch):
     res, _, _ = _case(seed=5)
     plan = substitution_plan(res.pattern, res.colors, res.ncolors)
     assert plan.step_pos is made[0][0] and plan.level_ptr is made[0][-1]
+
+
+def test_colors_a_substitution_cannot_use_are_refused():
+    """Adjacent vertices of one color, a color at or past ncolors (the kernels index color pairs
+    without bounds checks) and a color array of the wrong length raise ColoringError."""
+    from asd.decompression.plans import substitution_plan
+    from asd.errors import ColoringError
+
+    res, _, _ = _case(seed=6)
+    colors = np.asarray(res.colors).copy()
+    i, j = next((int(r), int(c)) for r, c in zip(res.pattern.rows, res.pattern.indices) if r != c)
+    clash = colors.copy()
+    clash[j] = clash[i]
+    with pytest.raises(ColoringError, match="distance-1"):
+        substitution_plan(res.pattern, clash, res.ncolors)
+    with pytest.raises(ColoringError, match="below ncolors"):
+        substitution_plan(res.pattern, colors, int(colors.max()))
+    with pytest.raises(ColoringError, match="one color per vertex"):
+        substitution_plan(res.pattern, colors[:-1], res.ncolors)
+    with pytest.raises(ColoringError, match="neutral"):
+        substitution_plan(res.pattern, np.where(np.arange(len(colors)) == 0, -1, colors), res.ncolors)
+    substitution_plan(res.pattern, colors, res.ncolors)  # the coloring itself is fine

@@ -149,7 +149,8 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
 @njit(cache=True)
 def group_by_pair(rows, idx, color, k):
     """Off-diagonal positions stably counting-sorted by color pair (so (row, col) order is
-    kept inside a pair); returns (perm, gstart) over the non-empty pairs."""
+    kept inside a pair); returns (perm, gstart, clash) over the non-empty pairs, ``clash`` True
+    where two adjacent vertices share a color (then perm and gstart are empty)."""
     nnz = idx.shape[0]
     cnt = np.zeros(k * k + 1, dtype=np.int64)
     noff = 0
@@ -159,6 +160,8 @@ def group_by_pair(rows, idx, color, k):
         if i != j:
             a = color[i]
             b = color[j]
+            if a == b:
+                return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), True
             key = a * k + b if a < b else b * k + a
             cnt[key + 1] += 1
             noff += 1
@@ -186,7 +189,7 @@ def group_by_pair(rows, idx, color, k):
             key = a * k + b if a < b else b * k + a
             perm[nxt[key]] = p
             nxt[key] += 1
-    return perm, gstart
+    return perm, gstart, False
 
 
 @njit(cache=True)

@@ -196,9 +196,8 @@ def substitution_plan(pattern, colors, ncolors) -> SubstitutionPlan:
     colors = np.asarray(colors, dtype=_I)
     if (colors < 0).any():
         raise ColoringError("substitution needs a coloring without neutral vertices")
-    off = rows != idx
-    if (colors[rows[off]] == colors[idx[off]]).any():
-        raise ColoringError("substitution needs a distance-1 coloring (two adjacent vertices share a color)")
+    if len(colors) != n:
+        raise ColoringError(f"substitution needs one color per vertex: {len(colors)} colors for {n} vertices")
     if n == 0:
         z = np.zeros(0, dtype=_I)
         return SubstitutionPlan((int(ncolors), n), nnz, z, z, z, np.zeros(1, _I), z, z, np.zeros(1, _I))
@@ -206,7 +205,11 @@ def substitution_plan(pattern, colors, ncolors) -> SubstitutionPlan:
 
     _, tpos = pattern.transpose_with_positions  # symmetric: the mirror position of every entry
     k = max(int(ncolors), 1)
-    perm, gstart = group_by_pair(rows, idx, colors, k)
+    if int(colors.max()) >= k:  # the kernels index pairs of colors below k without bounds checks
+        raise ColoringError(f"substitution needs colors below ncolors={int(ncolors)}, got color {int(colors.max())}")
+    perm, gstart, clash = group_by_pair(rows, idx, colors, k)
+    if clash:
+        raise ColoringError("substitution needs a distance-1 coloring (two adjacent vertices share a color)")
     sp_, spt, ssrc, slvl, dptr, dpos, ok = build_substitution(ptr, idx, tpos, rows, colors, perm, gstart, n)
     if not ok:
         raise ColoringError("the coloring has a two-colored cycle: it is not acyclic, substitution impossible")

@@ -173,6 +173,27 @@ def _random_forest(n, seed, extra_edges=0):
     return A.tocsr()
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_the_path_of_four_kernel_matches_its_definition(seed):
+    """An off-diagonal edge whose two ends both have another neighbour, by the Numba kernel and by
+    array operations on every entry (random symmetric patterns with and without diagonals)."""
+    from asd.coloring.choose import has_path_of_four
+    from asd.patterns import as_pattern
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 12))
+    A = sp.random(n, n, density=float(rng.choice([0.05, 0.15, 0.4])), random_state=seed, format="csr")
+    A = (A + A.T).tocsr()
+    if seed % 2:
+        A = (A + sp.identity(n)).tocsr()
+    P = as_pattern(A, name="pattern")
+    rows, cols = P.rows, P.indices
+    off = rows != cols
+    degree = np.bincount(rows[off], minlength=n)
+    want = bool(((degree[rows[off]] >= 2) & (degree[cols[off]] >= 2)).any())
+    assert has_path_of_four(P) is want
+
+
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("kind", ["path", "forest", "star", "cyclic"])
 def test_choose_hessian_skips_a_star_coloring_that_cannot_win(seed, kind):

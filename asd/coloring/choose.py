@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from asd.coloring.result import Coloring
 from asd.patterns import SparsityPattern
 
@@ -61,7 +59,6 @@ def has_path_of_four(pattern: SparsityPattern) -> bool:
     both of whose ends have another neighbour: on a forest (the graph of every two-color acyclic
     coloring), exactly whether it has a path on four vertices (a triangle has such an edge, and
     no path on four vertices)."""
-    rows, cols = pattern.rows, pattern.indices
-    off = rows != cols
-    degree = np.bincount(rows[off], minlength=pattern.shape[0])
-    return bool(((degree[rows[off]] >= 2) & (degree[cols[off]] >= 2)).any())
+    from asd.coloring._graph_kernels import edge_between_branch_points
+
+    return bool(edge_between_branch_points(pattern.indptr, pattern.indices))

@@ -572,6 +572,21 @@ def test_the_brusselator_reads_its_input_without_an_index(monkeypatch):
                           torch.ops.aten.index_select.default}
 
 
+@pytest.mark.parametrize("fn", [lambda x, s: x[2:7], lambda x, s: s[0, 1:9], lambda x, s: s[1:],
+                                lambda x, s: x.reshape(2, 5)[:, :1].expand(2, 3).reshape(-1)],
+                         ids=["slice", "seed-row", "seed-rows", "repeated"])
+def test_a_specialized_graph_never_returns_a_view_of_its_inputs(fn):
+    """A result that reads a run of an input (a slice, a broadcast: views since gathers of
+    consecutive or repeated elements are) is a fresh tensor: the caller owns what it gets."""
+    x, s = torch.randn(10, dtype=torch.float64), torch.randn(3, 10, dtype=torch.float64)
+    for constant in ([], [1]):
+        spec = specialize(make_fx(fn)(x, s), [x, s], constant_inputs=constant)
+        out = spec.gm(*spec.arguments([x, s]))
+        torch.testing.assert_close(out, fn(x, s).reshape(out.shape), rtol=0, atol=0)
+        ptr = out.untyped_storage().data_ptr()
+        assert ptr not in (x.untyped_storage().data_ptr(), s.untyped_storage().data_ptr())
+
+
 def test_only_the_tensors_f_reads_are_watched_per_call():
     """A compiled call checks the layout and requires_grad of the tensors f reads (parameters), not
     of the constants the specialization folded (the operator's own, read by nothing else)."""
@@ -583,3 +598,26 @@ def test_only_the_tensors_f_reads_are_watched_per_call():
     c = _tracing(op).compiled
     assert len(c.watched) == 1 and c.watched[0] is W
     assert len(c.extras) > 1  # folded constants besides W, not watched
+    W.requires_grad_(True)  # after compiling: this call records W's gradient through the transforms
+    J = op(x)
+    want = torch.func.jacfwd(f)(x)
+    torch.testing.assert_close(J.to_dense(), want.detach())
+    (g,) = torch.autograd.grad(J.values().sum(), W)
+    torch.testing.assert_close(g, torch.autograd.grad(want.sum(), W)[0])
+
+
+def test_a_watched_matrix_transposed_in_place_is_compiled_anew():
+    """The watched parameter of a specialized (not only lifted) graph, a matrix, changes strides
+    under the same object: the next calls give the new Jacobian."""
+    W = torch.rand(12, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    f = lambda x: torch.tanh(W @ x) * x.roll(1)  # noqa: E731
+    x = torch.rand(12, dtype=torch.float64, generator=torch.Generator().manual_seed(11))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = asd.prepare_jacobian(f, x, mode="reverse", compile=True)
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+        assert any(t is W for t in _tracing(op).compiled.watched)
+        W.t_()
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+        W.t_()
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))

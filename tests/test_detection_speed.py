@@ -586,16 +586,32 @@ def test_full_rows_and_gathered_unions_match_dense(data):
         np.testing.assert_array_equal(got.toarray().reshape(-1), want)
 
 
-def test_vstack_reads_only_the_stored_entries():
-    """A scipy matrix may keep unused room past ``indptr[-1]`` in ``indices``: stacking must not
-    shift the next matrix's rows by it."""
+def test_set_operations_read_only_the_stored_entries():
+    """A scipy matrix (a user rule's) may keep unused room past ``indptr[-1]`` in ``indices``:
+    stacking must not shift the next matrix's rows by it, nor taking rows of equal length fail."""
     A = sp.csr_matrix((np.ones(2, bool), np.array([0, 2]), np.array([0, 1, 2])), shape=(2, 3))
     A.indices, A.data = np.array([0, 2, 1, 1], dtype=A.indices.dtype), np.ones(4, bool)  # room past the end
     assert A.nnz == 2
-    B = S.identity(3)
-    out = S.vstack([A, B])
+    dense = A.toarray()
+    out = S.vstack([A, S.identity(3)])
     out.check_format(full_check=True)
-    np.testing.assert_array_equal(out.toarray(), np.vstack([A.toarray(), np.eye(3, dtype=bool)]))
+    np.testing.assert_array_equal(out.toarray(), np.vstack([dense, np.eye(3, dtype=bool)]))
+    np.testing.assert_array_equal(S.take_rows(A, np.array([1, 0, 1])).toarray(), dense[[1, 0, 1]])
+    np.testing.assert_array_equal(S.gather_union(A, np.zeros(2), np.array([1, 0]), 1).toarray()[0],
+                                  dense.any(axis=0))
+
+
+def test_a_full_reduction_reads_each_row_once(monkeypatch):
+    """gather_union into one row with every row read many times (F.bilinear's rule) takes each
+    row once, not once per read (memory and time growing with the repeats)."""
+    M = S.identity(300)
+    taken = []
+    real = S.take_rows
+    monkeypatch.setattr(S, "take_rows", lambda m, idx: taken.append(len(idx)) or real(m, idx))
+    cols = np.tile(np.arange(300), 200)
+    out = S.gather_union(M, np.zeros(len(cols), dtype=np.int64), cols, 1)
+    np.testing.assert_array_equal(out.indices, np.arange(300))
+    assert taken == [300]
 
 
 def test_a_view_reads_its_rows_again_after_a_write():

@@ -299,18 +299,19 @@ def test_stacked_squares_give_the_per_op_pattern(program):
     from asd.detection import hessian as H
 
     f, n = _program_function(program, extra=True)
-    x = torch.zeros(n, dtype=torch.float64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        stacked = hessian_sparsity(f, x).toarray()
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(H.HessianTracer, "MERGE_NNZ", 1)  # flushed at almost every square
-            flushed = hessian_sparsity(f, x).toarray()
-            mp.setattr(H.HessianTracer, "add_square",
-                       lambda self, G: self._add(H._gram(G, G)) if G is not None and G.nnz else None)
-            per_op = hessian_sparsity(f, x).toarray()
-    np.testing.assert_array_equal(stacked, per_op)
-    np.testing.assert_array_equal(flushed, per_op)
+    x = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    for local in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stacked = hessian_sparsity(f, x, local=local).toarray()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(H.HessianTracer, "MERGE_NNZ", 1)  # flushed at almost every square
+                flushed = hessian_sparsity(f, x, local=local).toarray()
+                mp.setattr(H.HessianTracer, "add_square",
+                           lambda self, G: self._add(H._gram(G, G)) if G is not None and G.nnz else None)
+                per_op = hessian_sparsity(f, x, local=local).toarray()
+        np.testing.assert_array_equal(stacked, per_op)
+        np.testing.assert_array_equal(flushed, per_op)
 
 
 # -- colorings and the registry ------------------------------------------------------------------------

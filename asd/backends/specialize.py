@@ -491,7 +491,8 @@ class _Rewriter:
                     self.vals[(node, k)] = self._emit(node, k)
         result = self._value(root, _key(torch.arange(_numel(root), dtype=torch.int64)))
         base = result
-        while base.op == "call_function" and base.target is aten.reshape.default:
+        while (base.op == "call_function" and _packet(base.target) in _ALIASES and base.args
+               and isinstance(base.args[0], Node)):
             base = base.args[0]
         if base.op == "placeholder":  # never hand out a stored tensor: the caller owns the result
             result = g.call_function(aten.clone.default, (result,))

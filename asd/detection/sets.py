@@ -137,7 +137,7 @@ def take_rows(S: sp.csr_matrix, idx: np.ndarray) -> sp.csr_matrix:
     if all_valid and S.nnz == rows * int(lens_all[0]) and bool((lens_all == lens_all[0]).all()):
         width = int(lens_all[0])  # every row holds the same number of entries
         return _csr(np.arange(0, (k + 1) * width, width, dtype=INDEX),
-                    indices.reshape(rows, width)[idx].ravel(), (k, n))
+                    indices[:rows * width].reshape(rows, width)[idx].ravel(), (k, n))
     safe = idx if all_valid else np.where(valid, idx, 0)
     lens = lens_all[safe] if all_valid else np.where(valid, lens_all[safe], 0)
     new_indptr = np.zeros(k + 1, dtype=INDEX)
@@ -236,8 +236,10 @@ def gather_union(S: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray, nrows: in
         rows, cols = rows[keep], cols[keep]
     if S.nnz == 0 or len(rows) == 0:
         return empty(nrows, S.shape[1])
-    if nrows == 1:  # a full reduction (x.sum()): the union of the rows read, without a product
-        return full_row(take_rows(S, cols))
+    if nrows == 1:  # a full reduction (x.sum()): the union of the rows read (each once), without a product
+        read = np.zeros(S.shape[0], dtype=bool)
+        read[cols] = True
+        return full_row(take_rows(S, np.flatnonzero(read)))
     D = sp.csr_matrix((np.ones(len(rows), dtype=bool), (rows, cols)), shape=(nrows, S.shape[0]))
     return matmul(D, S)
 

@@ -296,7 +296,7 @@ def test_random_compositions_are_sound(program, seed):
 def test_stacked_squares_give_the_per_op_pattern(program):
     """The squares G^T G are multiplied out once, on the stacked G (whenever their size passes
     MERGE_NNZ, and at the end): the pattern is the one of a product per op."""
-    from asd.detection import hessian as H
+    from asd.detection import second_order as SO
 
     f, n = _program_function(program, extra=True)
     x = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
@@ -305,10 +305,10 @@ def test_stacked_squares_give_the_per_op_pattern(program):
             warnings.simplefilter("ignore")
             stacked = hessian_sparsity(f, x, local=local).toarray()
             with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(H.HessianTracer, "MERGE_NNZ", 1)  # flushed at almost every square
+                mp.setattr(SO.SecondOrder, "MERGE_NNZ", 1)  # flushed at almost every square
                 flushed = hessian_sparsity(f, x, local=local).toarray()
-                mp.setattr(H.HessianTracer, "add_square",
-                           lambda self, G: self._add(H._gram(G, G)) if G is not None and G.nnz else None)
+                mp.setattr(SO.SecondOrder, "add_square",
+                           lambda self, G: self.add(SO.gram(G, G)) if G is not None and G.nnz else None)
                 per_op = hessian_sparsity(f, x, local=local).toarray()
         np.testing.assert_array_equal(stacked, per_op)
         np.testing.assert_array_equal(flushed, per_op)

@@ -268,6 +268,26 @@ def test_hessian_pattern(name):
         np.testing.assert_array_equal(P, D)
 
 
+@pytest.mark.parametrize("name", ["rosenbrock", "norm", "scan", "custom_jvp", "dot_batched", "cumsum_pairs"])
+def test_hessian_squares_multiplied_out_once_give_the_per_op_pattern(name):
+    """The interpreter shares the PyTorch tracer's accumulation (asd.detection.second_order): the
+    squares multiplied out once on their stacked rows, or flushed at almost every square, give the
+    pattern of one product per op."""
+    from asd.detection import second_order as SO
+
+    x = jnp.linspace(0.3, 1.3, 6)
+    f = HESS[name]
+    stacked = aj.hessian_sparsity(f, x).toarray()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SO.SecondOrder, "MERGE_NNZ", 1)
+        flushed = aj.hessian_sparsity(f, x).toarray()
+        mp.setattr(SO.SecondOrder, "add_square",
+                   lambda self, G: self.add(SO.gram(G, G)) if G is not None and G.nnz else None)
+        per_op = aj.hessian_sparsity(f, x).toarray()
+    np.testing.assert_array_equal(stacked, per_op)
+    np.testing.assert_array_equal(flushed, per_op)
+
+
 #: the primitives issue 12 names, by family (JAX >= 0.4.35 spellings and the current ones)
 NAMED_PRIMITIVES = {
     "elementwise": ["sin", "exp", "log", "tanh", "logistic", "integer_pow", "pow", "add", "sub", "mul", "div", "neg",

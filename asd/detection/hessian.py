@@ -38,6 +38,7 @@ from . import sets as S
 from ._core import Call, TracedTensor, is_differentiable_dtype
 from .jacobian import check_input, pattern_of_sets, traced_sets
 from .rules.reductions import _dims, group_ids
+from .second_order import SecondOrder
 from .table import Rule
 from .torch_tracer import Tracer, trace
 
@@ -73,57 +74,25 @@ def _carries_sets(t) -> bool:
 
 
 class HessianTracer(Tracer):
-    """A :class:`Tracer` that also accumulates the second-order pattern of the traced function."""
-
-    #: merge the accumulated pieces once their total size exceeds this many entries
-    MERGE_NNZ = 1 << 24
+    """A :class:`Tracer` that also accumulates the second-order pattern of the traced function
+    (a :class:`asd.detection.second_order.SecondOrder`)."""
 
     def __init__(self, n: int, *, local: bool, strict: bool = False, device=None):
         super().__init__(n, local=local, strict=strict, device=device)
-        self._pieces: list[sp.csr_matrix] = []
-        self._pending = 0
-        # the G of every H |= G^T G not yet multiplied out: sum_k G_k^T G_k is one product of the
-        # stacked G_k, instead of a product and an n x n sum per nonlinear op
-        self._squares: dict[int, sp.csr_matrix] = {}
-        self._squares_nnz = 0
+        self.second_order = SecondOrder(n)
 
     # -- accumulation ---------------------------------------------------------------------------
-    def _add(self, M: sp.spmatrix, symmetric: bool = True) -> None:
-        if M.nnz == 0:
-            return
-        M = M.tocsr()
-        if not symmetric:
-            M = (M + M.T.tocsr()).tocsr()
-        self._pieces.append(M)
-        self._pending += M.nnz
-        if self._pending > self.MERGE_NNZ and len(self._pieces) > 1:
-            self._pieces = [_sum(self._pieces, self.n)]
-            self._pending = self._pieces[0].nnz
-
     def add_square(self, G: sp.csr_matrix | None) -> None:
         """``H |= G^T G``: every pair of dependencies of one row of ``G``."""
-        if G is None or not G.nnz or id(G) in self._squares:
-            return
-        self._squares[id(G)] = G  # kept alive (set matrices are never modified): its id is not reused
-        self._squares_nnz += G.nnz
-        if self._squares_nnz > self.MERGE_NNZ:
-            self._flush_squares()
-
-    def _flush_squares(self) -> None:
-        if self._squares:
-            G = S.vstack([g if g.has_sorted_indices else S._canonical(g) for g in self._squares.values()])
-            self._squares, self._squares_nnz = {}, 0
-            self._add(_gram(G, G))
+        self.second_order.add_square(G)
 
     def add_cross(self, Ga: sp.csr_matrix | None, Gb: sp.csr_matrix | None) -> None:
         """``H |= Ga^T Gb + Gb^T Ga``."""
-        if Ga is not None and Gb is not None and Ga.nnz and Gb.nnz:
-            self._add(_gram(Ga, Gb), symmetric=Ga is Gb)
+        self.second_order.add_cross(Ga, Gb)
 
     def pattern(self) -> sp.csr_matrix:
         """The accumulated symmetric pattern (bool CSR, sorted indices)."""
-        self._flush_squares()
-        return _sum(self._pieces, self.n)  # every piece is symmetric
+        return self.second_order.pattern()
 
     # -- the hook -------------------------------------------------------------------------------
     def observe(self, call: Call, rule: Rule | None, out_sets: list) -> None:
@@ -216,7 +185,7 @@ class HessianTracer(Tracer):
         D = ((U.T @ U) - (E.T @ E)).tocsr()
         D.data = D.data > 0
         D.eliminate_zeros()
-        self._add(D.astype(bool))
+        self.second_order.add(D.astype(bool))
 
 
 def _contraction_groups(sa: tuple, sb: tuple):
@@ -245,23 +214,6 @@ def _contraction_groups(sa: tuple, sb: tuple):
     if len(sa) == 3 and len(sb) < 3 or len(sb) == 3 and len(sa) < 3:
         return None, None
     return ga, gb
-
-
-def _gram(Ga: sp.csr_matrix, Gb: sp.csr_matrix) -> sp.csr_matrix:
-    """Boolean ``Ga^T Gb`` for set matrices with the same rows."""
-    return (Ga.T.tocsr() @ Gb).tocsr()
-
-
-def _sum(pieces: list, n: int) -> sp.csr_matrix:
-    if not pieces:
-        return S.empty(n, n)
-    out = pieces[0]
-    for p in pieces[1:]:
-        out = out + p
-    if out.dtype != np.bool_:
-        out = out.astype(bool)
-    out.sort_indices()
-    return out
 
 
 def hessian_pattern(f: Callable, x: torch.Tensor, *, local: bool = False, strict: bool = False,

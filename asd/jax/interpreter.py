@@ -19,6 +19,7 @@ import scipy.sparse as sp
 from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, Literal
 
 from ..detection import sets as S
+from ..detection.second_order import SecondOrder
 from ..errors import TracingError, UnsupportedOpError, UnsupportedOpWarning
 from .table import Bilinear, Custom, Linear, Nonlinear, Quotient, Zero, lookup
 
@@ -53,45 +54,6 @@ class Val:
         return self.value is not None
 
 
-class Hessian:
-    """The shared symmetric ``n x n`` second-order pattern, accumulated in pieces."""
-
-    MERGE_NNZ = 1 << 24
-
-    def __init__(self, n: int):
-        self.n = n
-        self._pieces: list[sp.csr_matrix] = []
-        self._pending = 0
-
-    def add(self, M: sp.spmatrix) -> None:
-        """``H |= M`` for a symmetric ``M``."""
-        if M.nnz == 0:
-            return
-        self._pieces.append(M.tocsr())
-        self._pending += M.nnz
-        if self._pending > self.MERGE_NNZ and len(self._pieces) > 1:
-            self._pieces = [self.pattern()]
-            self._pending = self._pieces[0].nnz
-
-    def add_square(self, G: sp.csr_matrix | None) -> None:
-        """``H |= G^T G``: every pair of dependencies of one row of ``G``."""
-        if G is not None and G.nnz:
-            self.add(G.T.tocsr() @ G)
-
-    def add_cross(self, Ga: sp.csr_matrix | None, Gb: sp.csr_matrix | None) -> None:
-        """``H |= Ga^T Gb + Gb^T Ga`` (rows of ``Ga`` and ``Gb`` interact pairwise)."""
-        if Ga is None or Gb is None or not Ga.nnz or not Gb.nnz:
-            return
-        M = (Ga.T.tocsr() @ Gb).tocsr()
-        self.add(M if Ga is Gb else M + M.T)
-
-    def pattern(self) -> sp.csr_matrix:
-        """The accumulated pattern (bool CSR, sorted indices)."""
-        if not self._pieces:
-            return S.empty(self.n, self.n)
-        return S.union(self._pieces, self.n, self.n)
-
-
 class Ctx:
     """What a rule sees: the equation, its inputs, and the interpreter."""
 
@@ -116,7 +78,7 @@ class Ctx:
         return self.interp.local
 
     @property
-    def hessian(self) -> Hessian | None:
+    def hessian(self) -> SecondOrder | None:
         return self.interp.hessian
 
     @property
@@ -165,7 +127,7 @@ class Interpreter:
         self.n = n
         self.local = local
         self.strict = strict
-        self.hessian = Hessian(n) if hessian else None
+        self.hessian = SecondOrder(n) if hessian else None
 
     def run_closed(self, jaxpr, ins: list[Val]) -> list[Val]:
         if isinstance(jaxpr, ClosedJaxpr):

@@ -226,7 +226,8 @@ class Targets:
         self.items: list[dict] = []
 
     def add(self, what: str, met, value) -> None:
-        self.items.append(dict(what=what, met=bool(met), value=value))
+        """``met``: whether the target is reached, ``None`` where the measurement cannot tell."""
+        self.items.append(dict(what=what, met=None if met is None else bool(met), value=value))
 
 
 def peer_value(row: dict, name: str, key: str):
@@ -289,6 +290,6 @@ def report(session: Session, issue: str, rows: list[dict], table_text: str, targ
     print(table_text)
     print(f"\nTargets ({issue}):")
     for c in targets:
-        print(f"  [{'ok' if c['met'] else 'MISSED'}] {c['what']}: {c['value']}")
+        print(f"  [{'inconclusive' if c['met'] is None else 'ok' if c['met'] else 'MISSED'}] {c['what']}: {c['value']}")
     return write(session, dict(benchmark=session.name, torch=m["torch"], threads=m["threads"], first_call=first_call,
                                rows=rows, targets=targets, date=m["date"], machine=m), out)

@@ -573,8 +573,10 @@ def test_the_brusselator_reads_its_input_without_an_index(monkeypatch):
 
 
 @pytest.mark.parametrize("fn", [lambda x, s: x[2:7], lambda x, s: s[0, 1:9], lambda x, s: s[1:],
-                                lambda x, s: x.reshape(2, 5)[:, :1].expand(2, 3).reshape(-1)],
-                         ids=["slice", "seed-row", "seed-rows", "repeated"])
+                                lambda x, s: x.reshape(2, 5)[:, :1].expand(2, 3).reshape(-1),
+                                lambda x, s: torch.as_strided(x, (5,), (2,)),
+                                lambda x, s: torch.split(x, 4)[1]],
+                         ids=["slice", "seed-row", "seed-rows", "repeated", "as_strided", "split"])
 def test_a_specialized_graph_never_returns_a_view_of_its_inputs(fn):
     """A result that reads a run of an input (a slice, a broadcast: views since gathers of
     consecutive or repeated elements are) is a fresh tensor: the caller owns what it gets."""

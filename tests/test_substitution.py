@@ -169,4 +169,26 @@ def test_colors_a_substitution_cannot_use_are_refused():
         substitution_plan(res.pattern, colors[:-1], res.ncolors)
     with pytest.raises(ColoringError, match="neutral"):
         substitution_plan(res.pattern, np.where(np.arange(len(colors)) == 0, -1, colors), res.ncolors)
+    with pytest.raises(ColoringError, match="below ncolors=0"):
+        substitution_plan(res.pattern, np.zeros(len(colors), dtype=np.int64), 0)
     substitution_plan(res.pattern, colors, res.ncolors)  # the coloring itself is fine
+
+
+def test_a_pattern_that_is_not_symmetric_is_refused():
+    """The substitution kernels read every entry's mirror position: a one-sided pattern (an
+    AcyclicColoring built by hand) raises instead of reading out of bounds, and a directed cycle,
+    whose symmetrization is a two-colored cycle, is not given a plan."""
+    from asd.coloring.result import AcyclicColoring
+    from asd.decompression.plans import substitution_plan
+    from asd.errors import ColoringError
+    from asd.patterns import as_pattern
+
+    upper = as_pattern(sp.csr_array(np.array([[1, 1, 0], [0, 1, 1], [0, 0, 1]])), name="pattern")
+    with pytest.raises(ColoringError, match="symmetric"):
+        substitution_plan(upper, np.array([0, 1, 2]), 3)
+    cycle = as_pattern(sp.csr_array(np.roll(np.eye(4), 1, axis=1)), name="pattern")
+    with pytest.raises(ColoringError, match="symmetric"):
+        substitution_plan(cycle, np.array([0, 1, 0, 1]), 2)
+    res = AcyclicColoring(as_pattern(sp.csr_array(np.eye(3)), name="pattern"), "natural", np.zeros(3, int), 0)
+    with pytest.raises(ColoringError, match="below ncolors"):
+        res.decompress(np.zeros(0))

@@ -148,6 +148,15 @@ def _blocked(rel: torch.Tensor) -> tuple[int, int, bool] | None:
     return None
 
 
+def _returns_alias(target) -> bool:
+    """Whether an op's result may share memory with its first argument (a view, ``as_strided``,
+    ``getitem`` of the list a ``split`` returns), by its schema."""
+    if target is operator.getitem or _packet(target) in _ALIASES:  # _unsafe_view has no alias annotation
+        return True
+    schema = getattr(target, "_schema", None)
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
+
+
 def _mutable(node: Node) -> bool:
     schema = getattr(node.target, "_schema", None)
     return schema is not None and schema.is_mutable
@@ -491,8 +500,7 @@ class _Rewriter:
                     self.vals[(node, k)] = self._emit(node, k)
         result = self._value(root, _key(torch.arange(_numel(root), dtype=torch.int64)))
         base = result
-        while (base.op == "call_function" and _packet(base.target) in _ALIASES and base.args
-               and isinstance(base.args[0], Node)):
+        while base.op == "call_function" and _returns_alias(base.target) and base.args and isinstance(base.args[0], Node):
             base = base.args[0]
         if base.op == "placeholder":  # never hand out a stored tensor: the caller owns the result
             result = g.call_function(aten.clone.default, (result,))

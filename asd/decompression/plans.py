@@ -198,6 +198,10 @@ def substitution_plan(pattern, colors, ncolors) -> SubstitutionPlan:
         raise ColoringError("substitution needs a coloring without neutral vertices")
     if len(colors) != n:
         raise ColoringError(f"substitution needs one color per vertex: {len(colors)} colors for {n} vertices")
+    if n and int(colors.max()) >= int(ncolors):  # the kernels index pairs of colors without bounds checks
+        raise ColoringError(f"substitution needs colors below ncolors={int(ncolors)}, got color {int(colors.max())}")
+    if not pattern.is_symmetric:  # the kernels read every entry's mirror position
+        raise ColoringError("substitution needs a symmetric pattern (a Hessian's); this one is not symmetric")
     if n == 0:
         z = np.zeros(0, dtype=_I)
         return SubstitutionPlan((int(ncolors), n), nnz, z, z, z, np.zeros(1, _I), z, z, np.zeros(1, _I))
@@ -205,8 +209,6 @@ def substitution_plan(pattern, colors, ncolors) -> SubstitutionPlan:
 
     _, tpos = pattern.transpose_with_positions  # symmetric: the mirror position of every entry
     k = max(int(ncolors), 1)
-    if int(colors.max()) >= k:  # the kernels index pairs of colors below k without bounds checks
-        raise ColoringError(f"substitution needs colors below ncolors={int(ncolors)}, got color {int(colors.max())}")
     perm, gstart, clash = group_by_pair(rows, idx, colors, k)
     if clash:
         raise ColoringError("substitution needs a distance-1 coloring (two adjacent vertices share a color)")

@@ -237,6 +237,8 @@ def gather_union(S: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray, nrows: in
     if S.nnz == 0 or len(rows) == 0:
         return empty(nrows, S.shape[1])
     if nrows == 1:  # a full reduction (x.sum()): the union of the rows read (each once), without a product
+        if 8 * len(cols) < S.shape[0]:
+            return full_row(take_rows(S, np.unique(cols)))
         read = np.zeros(S.shape[0], dtype=bool)
         read[cols] = True
         return full_row(take_rows(S, np.flatnonzero(read)))

@@ -32,7 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DETECTION = ROOT / "asd" / "detection"
 
 # Import layers: a module may import modules of its own layer or below, never above.
-LAYERS = {"asd.detection.sets": 0, "asd.detection._core": 1, "asd.detection.table": 2, "asd.detection.ad_gaps": 2,
+LAYERS = {"asd.detection.sets": 0, "asd.detection.second_order": 1, "asd.detection._core": 1, "asd.detection.table": 2, "asd.detection.ad_gaps": 2,
           "asd.detection.rules": 3, "asd.detection.torch_tracer": 4, "asd.detection.jacobian": 5,
           "asd.detection.hessian": 6, "asd.detection.verify": 6, "asd.detection": 7}
 
@@ -110,8 +110,10 @@ def test_no_lazy_imports_inside_detection():
                 assert top_level, f"{_module_name(path)} imports {mod} inside a function"
 
 
-def test_sets_is_torch_free():
-    mods = [m for m, _ in _imports(DETECTION / "sets.py")]
+@pytest.mark.parametrize("name", ["sets.py", "second_order.py"])
+def test_set_algebra_is_torch_free(name):
+    """The set algebra and the second-order accumulator are shared with the jaxpr interpreter."""
+    mods = [m for m, _ in _imports(DETECTION / name)]
     assert not any(m == "torch" or m.startswith("torch.") for m in mods), mods
 
 

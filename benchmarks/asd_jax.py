@@ -126,7 +126,7 @@ def main(argv=None) -> dict:
                  for r in rows if "oneoff" in r], [("case", "case"), ("oneoff", "one-off"), ("call", "call"),
                                                    ("ratios", "ratios")]))
     for t in targets.items:
-        print(f"  [{'ok' if t['met'] else 'MISSED'}] {t['what']}: {t['value']}")
+        print(f"  [{harness.verdict(t['met'])}] {t['what']}: {t['value']}")
     return harness.write(s, dict(benchmark="asd_jax", rows=rows, targets=targets.items), a.out)
 
 

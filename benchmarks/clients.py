@@ -192,7 +192,7 @@ def main(argv=None) -> dict:
                                                                         "casadi_objective") else v)
                for k, v in r.items() if k != "timings"})
     for t in targets.items:
-        print(f"  [{'ok' if t['met'] else 'MISSED'}] {t['what']}: {t['value']}")
+        print(f"  [{harness.verdict(t['met'])}] {t['what']}: {t['value']}")
     return harness.write(s, dict(benchmark="clients", rows=rows, targets=targets.items), a.out)
 
 

@@ -219,6 +219,11 @@ def medians(timings: Mapping[str, Timing | None]) -> dict:
 
 
 # ----------------------------------------------------------------------------------- reporting
+def verdict(met) -> str:
+    """How a target check prints: ``ok``, ``MISSED``, or ``inconclusive`` (``met`` is ``None``)."""
+    return "inconclusive" if met is None else "ok" if met else "MISSED"
+
+
 class Targets:
     """Collects target checks: ``add(what, met, value)``."""
 
@@ -290,6 +295,6 @@ def report(session: Session, issue: str, rows: list[dict], table_text: str, targ
     print(table_text)
     print(f"\nTargets ({issue}):")
     for c in targets:
-        print(f"  [{'inconclusive' if c['met'] is None else 'ok' if c['met'] else 'MISSED'}] {c['what']}: {c['value']}")
+        print(f"  [{verdict(c['met'])}] {c['what']}: {c['value']}")
     return write(session, dict(benchmark=session.name, torch=m["torch"], threads=m["threads"], first_call=first_call,
                                rows=rows, targets=targets, date=m["date"], machine=m), out)

@@ -92,6 +92,9 @@ def compile_start(N: int, threads: int) -> dict:
                 out[run] = result
             else:
                 runs[run].append(result)
+    # a failed process is reported as such, not hidden behind the medians of the others; the eager
+    # processes run after the cold one, on its caches: anything they read there only shortens the
+    # baseline, so the warm figure errs on the large side
     for run, results in runs.items():
         if results and "error" not in out.get(run, {}):
             results.sort(key=lambda r: r["total"])

@@ -71,7 +71,7 @@ def main(argv=None) -> dict:
                 f"call {fmt_seconds(row['call'])}, batch_size {row['batch_size']}")
     print(row)
     for t in targets.items:
-        print(f"  [{'ok' if t['met'] else 'MISSED'}] {t['what']}: {t['value']}")
+        print(f"  [{harness.verdict(t['met'])}] {t['what']}: {t['value']}")
     return harness.write(s, dict(benchmark="large", rows=[row], targets=targets.items), a.out)
 
 

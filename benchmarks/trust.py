@@ -56,7 +56,7 @@ def main(argv=None) -> dict:
                  ("other_product", "one other product"), ("overhead", "overhead"),
                  ("overhead_in_products", "in products")]))
     for t in targets.items:
-        print(f"  [{'ok' if t['met'] else 'MISSED'}] {t['what']}: {t['value']}")
+        print(f"  [{harness.verdict(t['met'])}] {t['what']}: {t['value']}")
     return harness.write(s, dict(benchmark="trust", rows=[row], targets=targets.items), a.out)
 
 

@@ -394,3 +394,26 @@ def test_set_matrices_are_read_only():
         M.indices[0] = 3
     with pytest.raises(ValueError):
         S.take_rows(M, np.arange(1, 3)).indices[0] = 0
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "unsorted"])
+def test_second_order_squares_of_any_sparse_format(fmt):
+    """A rule may hand the accumulator a square of any scipy format: the stacked product reads
+    CSR arrays, so a CSC matrix read as CSR would drop pairs (unsound) without the conversion."""
+    from asd.detection.second_order import SecondOrder
+
+    D = np.zeros((4, 4), dtype=bool)
+    D[0, [0, 1]] = True
+    D[3, [1, 3]] = True
+    G = sp.csr_matrix(D)
+    if fmt == "unsorted":
+        G.indices[:] = G.indices.reshape(-1, 2)[:, ::-1].ravel()
+        G.has_sorted_indices = False
+    elif fmt != "csr":
+        G = G.asformat(fmt)
+    B = sp.csr_matrix(np.eye(4, dtype=bool)[[2]])
+    so = SecondOrder(4)
+    so.add_square(G)
+    so.add_square(B)
+    want = (D.astype(int).T @ D.astype(int) + np.outer(np.eye(4)[2], np.eye(4)[2])) > 0
+    np.testing.assert_array_equal(so.pattern().toarray(), want)

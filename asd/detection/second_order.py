@@ -70,7 +70,8 @@ class SecondOrder:
 
     def _flush_squares(self) -> None:
         if self._squares:
-            G = S.vstack([g if g.has_sorted_indices else S._canonical(g) for g in self._squares.values()])
+            G = S.vstack([g if g.format == "csr" and g.has_sorted_indices else S._canonical(g.tocsr(copy=True))
+                          for g in self._squares.values()])  # stacking reads CSR arrays (a CSC G would be read as CSR)
             self._squares, self._squares_nnz = {}, 0
             self.add(gram(G, G))
 

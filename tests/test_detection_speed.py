@@ -453,7 +453,6 @@ def test_set_matrices_are_built_without_validation_on_this_scipy():
     """The unvalidated constructor is active (so detection is fast) and builds what scipy's
     validated constructor builds; a scipy it does not recognize gets the validated path."""
     assert S._FIELDS is not None, "scipy's csr_matrix changed: set matrices are validated (slow)"
-    assert S._PLUS is not None, "scipy's csr_plus_csr kernel is unavailable: unions go through A + B (slow)"
     fast = S._csr(np.array([0, 2, 2, 3]), np.array([0, 4, 1]), (3, 5))
     slow = S._csr_validated(np.array([0, 2, 2, 3], np.int32), np.array([0, 4, 1], np.int32), (3, 5))
     assert type(fast) is type(slow) is sp.csr_matrix
@@ -472,7 +471,6 @@ def test_set_matrices_are_built_without_validation_on_this_scipy():
 
 def test_an_unrecognized_scipy_takes_the_validated_path(monkeypatch):
     monkeypatch.setattr(S, "_FIELDS", None)
-    monkeypatch.setattr(S, "_PLUS", None)
     a = S._csr(np.array([0, 1, 3]), np.array([2, 0, 1]), (2, 3))
     b = S.identity(3)[:2]
     np.testing.assert_array_equal(S.union([a, S._canonical(b)], 2, 3).toarray(), a.toarray() | b.toarray())
@@ -584,6 +582,34 @@ def test_full_rows_and_gathered_unions_match_dense(data):
         want = D[cols[cols >= 0]].any(axis=0) if (cols >= 0).any() else np.zeros(D.shape[1], bool)
         got.check_format(full_check=True)
         np.testing.assert_array_equal(got.toarray().reshape(-1), want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_unions_of_different_index_dtypes_match_dense(data):
+    """The merge kernel casts both operands to one index dtype: int32 and int64 arrays of different
+    structures (a user rule's scipy matrix) give the dense union."""
+    rows, n = data.draw(st.integers(0, 10)), data.draw(st.integers(1, 9))
+    (A, Da), (B, Db) = data.draw(_set_matrices(rows, n)), data.draw(_set_matrices(rows, n))
+    B64 = sp.csr_matrix((B.data.copy(), B.indices.astype(np.int64), B.indptr.astype(np.int64)), shape=B.shape)
+    B64.has_sorted_indices = True
+    for a, b in ((A, B64), (B64, A)):
+        out = S.union([a, b], rows, n)
+        out.check_format(full_check=True)
+        assert out.has_canonical_format and out.dtype == np.bool_
+        np.testing.assert_array_equal(out.toarray(), Da | Db)
+
+
+def test_take_rows_refuses_a_row_past_the_last():
+    """The gather kernel has no bounds checks of its own: a row index past the last raises
+    IndexError (as numpy's indexing did) instead of reading past the arrays."""
+    M = S.identity(4)
+    with pytest.raises(IndexError):
+        S.take_rows(M, np.array([3, 1, 4]))
+    with pytest.raises(IndexError):
+        S.take_rows(M, np.array([2, 0, 7, 1]))
+    np.testing.assert_array_equal(S.take_rows(M, np.array([3, -1, 0])).toarray(),
+                                  np.eye(4, dtype=bool)[[3, 0, 0]] * np.array([[1], [0], [1]], bool))
 
 
 def test_set_operations_read_only_the_stored_entries():

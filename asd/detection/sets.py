@@ -10,7 +10,8 @@ matrix sharing index arrays with one, where the result has the same rows.
 A trace makes thousands of these small matrices, so they are built without scipy's validation
 (which costs tens of microseconds per matrix) when scipy is one whose ``csr_matrix`` this module
 recognizes (checked once, against the validated constructor; otherwise every matrix takes the
-validated path). Indices are ``int32`` where they fit, as scipy itself chooses.
+validated path). Indices are ``int32`` where they fit, as scipy itself chooses. Merging two set matrices and
+gathering rows are Numba kernels (:mod:`asd.detection._set_kernels`, loaded at the first use).
 """
 
 from __future__ import annotations
@@ -131,24 +132,10 @@ def take_rows(S: sp.csr_matrix, idx: np.ndarray) -> sp.csr_matrix:
         ip = indptr[s:s + k + 1]
         lo = int(ip[0])
         return _csr(ip - lo if lo else ip, indices[lo:int(ip[-1])], (k, n))
-    valid = idx >= 0
-    all_valid = bool(valid.all())
-    lens_all = np.diff(indptr)
-    if all_valid and S.nnz == rows * int(lens_all[0]) and bool((lens_all == lens_all[0]).all()):
-        width = int(lens_all[0])  # every row holds the same number of entries
-        return _csr(np.arange(0, (k + 1) * width, width, dtype=INDEX),
-                    indices[:rows * width].reshape(rows, width)[idx].ravel(), (k, n))
-    safe = idx if all_valid else np.where(valid, idx, 0)
-    lens = lens_all[safe] if all_valid else np.where(valid, lens_all[safe], 0)
-    new_indptr = np.zeros(k + 1, dtype=INDEX)
-    np.cumsum(lens, out=new_indptr[1:])
-    total = int(new_indptr[-1])
-    if total == 0:
-        return empty(k, n)
-    starts = indptr[safe].astype(INDEX)
-    offsets = np.repeat(starts - new_indptr[:-1], lens)
-    pos = offsets + np.arange(total, dtype=INDEX)
-    return _csr(new_indptr, indices[pos], (k, n))
+    from ._set_kernels import gather_rows
+
+    cp, cj = gather_rows(indptr, indices, idx.astype(INDEX, copy=False))
+    return _csr(cp, cj, (k, n))
 
 
 def _same_structure(a: sp.csr_matrix, b: sp.csr_matrix) -> bool:
@@ -157,46 +144,21 @@ def _same_structure(a: sp.csr_matrix, b: sp.csr_matrix) -> bool:
     return (a.nnz == b.nnz and np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices))
 
 
-def _plus_kernel():
-    """scipy's C++ row-wise merge of two canonical CSR matrices, checked once against ``A + B``;
-    ``None`` where this scipy lacks it or it answers otherwise (``A + B`` is used then)."""
-    try:
-        from scipy.sparse import _sparsetools
-
-        fn = _sparsetools.csr_plus_csr
-        a = _csr_validated(np.array([0, 2, 2, 3], np.int32), np.array([0, 3, 1], np.int32), (3, 4))
-        b = _csr_validated(np.array([0, 1, 3, 3], np.int32), np.array([3, 0, 2], np.int32), (3, 4))
-        cp, cj = np.empty(4, np.int32), np.empty(6, np.int32)
-        fn(3, 4, a.indptr, a.indices, a.data, b.indptr, b.indices, b.data, cp, cj, np.empty(6, bool))
-        want = (a + b).tocsr()
-        want.sort_indices()
-        if not (np.array_equal(cp, want.indptr) and np.array_equal(cj[:cp[-1]], want.indices)):
-            return None
-        return fn
-    except Exception:  # noqa: BLE001
-        return None
-
-
-_PLUS = _plus_kernel()
-
-
 def _union2(a: sp.csr_matrix, b: sp.csr_matrix) -> sp.csr_matrix:
     if _same_structure(a, b):
         return a
     canonical = (a.has_sorted_indices and b.has_sorted_indices and a.dtype == np.bool_ and b.dtype == np.bool_
                  and a.format == "csr" and b.format == "csr")
-    if _PLUS is None or not canonical:
+    if not canonical:
         return _canonical(a + b)
-    m, n = a.shape
-    cap = a.nnz + b.nnz
-    dt = _index_dtype(a.shape, cap)
-    cp = np.empty(m + 1, dtype=dt)
-    cj = np.empty(cap, dtype=dt)
-    _PLUS(m, n, a.indptr.astype(dt, copy=False), a.indices.astype(dt, copy=False), a.data,
-          b.indptr.astype(dt, copy=False), b.indices.astype(dt, copy=False), b.data, cp, cj,
-          np.empty(cap, dtype=bool))
-    nnz = int(cp[-1])
-    return _csr(cp, cj[:nnz] if 2 * nnz > cap else cj[:nnz].copy(), a.shape)
+    from ._set_kernels import union2
+
+    dt = _index_dtype(a.shape, a.nnz + b.nnz)
+    cp, cj = union2(a.indptr.astype(dt, copy=False), a.indices.astype(dt, copy=False),
+                    b.indptr.astype(dt, copy=False), b.indices.astype(dt, copy=False))
+    if 2 * len(cj) <= a.nnz + b.nnz:  # most entries were shared: keep no spare room
+        cj = cj.copy()
+    return _csr(cp, cj, a.shape)
 
 
 def union(mats: Sequence[sp.csr_matrix | None], rows: int, n: int) -> sp.csr_matrix:

@@ -32,6 +32,8 @@ from typing import Callable
 
 import torch
 
+from .compile_cache import tensor_layout
+
 __all__ = ["CudaGraphed", "graphed", "MAX_CAPTURES"]
 
 #: captures (the first and re-captures after a tensor moved) before the graph is given up
@@ -45,8 +47,6 @@ def _tensors(fn) -> list[torch.Tensor]:
 
 def _layout(t: torch.Tensor) -> tuple:
     """The address a captured graph reads, with what compiled kernels are specialized on."""
-    from .compile_cache import tensor_layout
-
     return (t.data_ptr(), *tensor_layout(t))
 
 
@@ -91,6 +91,7 @@ class CudaGraphed:
         self.fn = fn
         self.extras = getattr(fn, "extras", ())
         self.device = x.device
+        self._index = x.device.index if x.device.index is not None else torch.cuda.current_device()
         self.constant_seeds = constant_seeds
         foreign = [t for t in _tensors(fn) if t.device != x.device]
         if foreign:
@@ -184,16 +185,17 @@ class CudaGraphed:
                 warnings.warn(f"asd: the compiled products could not be captured again as a CUDA graph ({self.error}); "
                               "their kernels are launched one by one from now on", RuntimeWarning, stacklevel=4)
                 return self.fn(x, seeds)
-        stream = torch.cuda.current_stream(self.device)
+        # the copies, the replay and the clone run on the current stream of the graph's device
+        # (CUDAGraph.replay launches there whichever device is current)
+        stream = torch.cuda.current_stream(self._index)
         if self._pending:
             stream.wait_event(self._done)  # a call on another stream has copied its output
-        with torch.cuda.stream(stream):
-            self.x.copy_(x)
-            if not self.constant_seeds:
-                self.seeds.copy_(seeds)
-            self.graph.replay()
-            out = self.out.clone()
-            self._done.record(stream)
+        self.x.copy_(x)
+        if not self.constant_seeds:
+            self.seeds.copy_(seeds)
+        self.graph.replay()
+        out = self.out.clone()
+        self._done.record(stream)
         self._pending = True
         return out
 

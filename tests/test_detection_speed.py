@@ -612,6 +612,54 @@ def test_take_rows_refuses_a_row_past_the_last():
                                   np.eye(4, dtype=bool)[[3, 0, 0]] * np.array([[1], [0], [1]], bool))
 
 
+def _malformed(indptr, indices, shape):
+    """A scipy CSR matrix carrying exactly these arrays (scipy's own checks bypassed, as a user
+    rule's matrix built by hand can be)."""
+    M = sp.csr_matrix(shape, dtype=bool)
+    M.indptr, M.indices = np.asarray(indptr, dtype=np.int32), np.asarray(indices, dtype=np.int32)
+    M.data = np.ones(len(M.indices), dtype=bool)
+    M.has_sorted_indices = True
+    return M
+
+
+def test_set_kernels_refuse_malformed_matrices():
+    """The Numba kernels have no bounds checks of their own: row pointers that decrease, are
+    negative or point past the indices raise instead of reading or writing past an array (a user
+    rule's matrix); so do unions of different shapes."""
+    past = _malformed([0, 3_000_000, 3], [0, 1, 2], (2, 4))
+    decreasing = _malformed([0, 4, 0, 4], [0, 1, 2, 3], (3, 4))
+    negative = _malformed([-2, 1, 2], [0, 1], (2, 4))
+    for M, idx in ((past, [0, 0]), (decreasing, [1, 0, 0, 2]), (negative, [1, 0])):
+        with pytest.raises(ValueError, match="malformed"):
+            S.take_rows(M, np.array(idx))
+        other = S._csr(np.arange(M.shape[0] + 1), np.zeros(M.shape[0], dtype=np.int64), M.shape)
+        with pytest.raises(ValueError, match="malformed"):
+            S.union([other, M], *M.shape)
+    with pytest.raises(ValueError, match="shapes"):
+        S.union([S.identity(4), S.identity(4)[:2].tocsr()], 4, 4)
+
+
+def test_union_keeps_large_column_indices_of_mixed_index_dtypes():
+    """An int64 column index past int32's range, merged with a matrix of int32 arrays, survives."""
+    n = 2**33
+    big = sp.csr_matrix((np.ones(1, bool), np.array([n - 5], np.int64), np.array([0, 1, 1], np.int64)), shape=(2, n))
+    big.has_sorted_indices = True
+    small = _malformed([0, 0, 1], [3], (2, n))
+    for a, b in ((small, big), (big, small)):
+        out = S.union([a, b], 2, n)
+        assert out.indices.tolist() == [n - 5, 3] and out.indptr.tolist() == [0, 1, 2]
+
+
+def test_take_rows_refuses_unsigned_and_empty_out_of_range_rows():
+    """An unsigned index past int64's range is not wrapped into "no row", and an index past the
+    last row raises for a matrix without entries too."""
+    with pytest.raises(IndexError):
+        S.take_rows(S.identity(4), np.array([2, 0, 2**64 - 1], dtype=np.uint64))
+    with pytest.raises(IndexError):
+        S.take_rows(S.empty(4, 3), np.array([9, 1]))
+    assert S.take_rows(S.empty(4, 3), np.array([3, -1])).shape == (2, 3)
+
+
 def test_set_operations_read_only_the_stored_entries():
     """A scipy matrix (a user rule's) may keep unused room past ``indptr[-1]`` in ``indices``:
     stacking must not shift the next matrix's rows by it, nor taking rows of equal length fail."""

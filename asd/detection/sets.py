@@ -118,11 +118,15 @@ def _range_start(idx: np.ndarray, rows: int) -> int | None:
 def take_rows(S: sp.csr_matrix, idx: np.ndarray) -> sp.csr_matrix:
     """Rows ``idx`` of ``S`` (any integer array, flattened); a negative index gives an empty row."""
     idx = np.asarray(idx).ravel()
-    if idx.dtype.kind not in "iu":
-        idx = idx.astype(INDEX)
     rows, n = S.shape
     k = len(idx)
+    if idx.dtype.kind not in "iu":
+        idx = idx.astype(INDEX)
+    elif k and idx.dtype.kind == "u" and int(idx.max()) >= rows:  # would wrap to a negative index
+        raise IndexError("take_rows: a row index is out of range")
     if k == 0 or S.nnz == 0:
+        if k and int(idx.max()) >= rows:
+            raise IndexError("take_rows: a row index is out of range")
         return empty(k, n)
     indptr, indices = S.indptr, S.indices
     s = _range_start(idx, rows)
@@ -145,6 +149,9 @@ def _same_structure(a: sp.csr_matrix, b: sp.csr_matrix) -> bool:
 
 
 def _union2(a: sp.csr_matrix, b: sp.csr_matrix) -> sp.csr_matrix:
+    if a.shape != b.shape:
+        raise ValueError(f"union of set matrices of shapes {a.shape} and {b.shape}: a rule returned sets of the "
+                         "wrong shape")
     if _same_structure(a, b):
         return a
     canonical = (a.has_sorted_indices and b.has_sorted_indices and a.dtype == np.bool_ and b.dtype == np.bool_

@@ -176,6 +176,56 @@ def test_duplicate_registration_raises_and_override_replaces():
     assert asd.jacobian_sparsity(torch.sin, torch.zeros(3)).nnz == 3
 
 
+def _hand_built(indptr, indices, shape):
+    """A scipy CSR matrix carrying exactly these arrays (scipy's checks bypassed, as by hand)."""
+    M = sp.csr_matrix(shape, dtype=bool)
+    M.indptr, M.indices = np.asarray(indptr, dtype=np.int32), np.asarray(indices, dtype=np.int32)
+    M.data = np.ones(len(M.indices), dtype=bool)
+    return M
+
+
+def test_a_user_rules_sets_are_checked_in_full():
+    """What a user's rule returns is checked before the set algebra's kernels (which trust their
+    input) see it: a malformed matrix, a wrong shape or a non-sparse value raises an error naming
+    the rule; a valid matrix in any format, order, dtype or with duplicates gives the right pattern
+    (and the rule's own arrays are not modified)."""
+    original = lookup(aten.sin.default)
+    returned = {}
+
+    def install(make):
+        def rule(call):
+            out = make(call.outs[0].numel(), call.n)
+            returned["m"] = out
+            return [out]
+        register_rule(aten.sin.default, rule, second_order="nonlinear", override=True)
+
+    x = torch.zeros(3)
+    try:
+        for make, err, match in (
+                (lambda r, n: _hand_built([0, 1, 2, 3], [0, 1, 7], (r, n)), ValueError, "malformed"),
+                (lambda r, n: _hand_built([0, 2, 1, 3], [0, 1, 2], (r, n)), ValueError, "malformed"),
+                (lambda r, n: sp.identity(n + 1, format="csr", dtype=bool), ValueError, "shape"),
+                (lambda r, n: np.eye(r, n, dtype=bool), TypeError, "scipy.sparse")):
+            install(make)
+            with pytest.raises(err, match=match) as info:
+                asd.jacobian_sparsity(torch.sin, x)
+            assert "sparsity rule" in str(info.value) and "aten.sin.default" in str(info.value)
+        # valid, but unsorted, float, with a duplicate, in COO: the pattern of every row's entries
+        coo = lambda r, n: sp.coo_matrix((np.ones(4), ([0, 0, 1, 2], [2, 2, 0, 1])), shape=(r, n))  # noqa: E731
+        install(lambda r, n: coo(r, n).tocsr()[:, ::-1][:, ::-1])
+        P = asd.jacobian_sparsity(torch.sin, x).toarray()
+        np.testing.assert_array_equal(P, coo(3, 3).toarray() != 0)
+        unsorted = _hand_built([0, 2, 3, 4], [2, 0, 1, 1], (3, 3))
+        install(lambda r, n: unsorted)
+        np.testing.assert_array_equal(asd.jacobian_sparsity(torch.sin, x).toarray(),
+                                      [[1, 0, 1], [0, 1, 0], [0, 1, 0]])
+        assert unsorted.indices.tolist() == [2, 0, 1, 1]  # the rule's own arrays, untouched
+    finally:
+        register_rule(aten.sin.default, original.fn, second_order=original.second_order, pairs=original.pairs,
+                      interaction=original.interaction, family=original.family, override=True)
+    assert asd.jacobian_sparsity(torch.sin, torch.zeros(3)).nnz == 3
+
+
 def test_a_failed_registration_registers_nothing():
     before = dict(RULES)
     assert lookup(aten.lcm_.default) is None

@@ -112,7 +112,9 @@ def register_rule(
     one row per output element, sorted indices) or ``None`` for an output that depends on no
     input. :mod:`asd.detection.sets` has the set operations (``take_rows``, ``union``,
     ``gather_union``). A rule must be sound: an output element that may depend on an input must list
-    it.
+    it. What a rule of the default ``family="user"`` returns is checked in full and copied (any scipy
+    format, order, dtype or duplicates are accepted; a wrong shape, malformed row pointers or column
+    indices, or a value that is not a scipy sparse matrix raise an error naming the rule).
 
     Parameters
     ----------

@@ -863,6 +863,13 @@ class Tracer:
             out_sets = conservative(call)
         else:
             out_sets = rule.fn(call)
+        if rule is not None and rule.family == "user":  # checked in full: the set algebra's kernels trust their input
+            who = f"the sparsity rule {getattr(rule.fn, '__qualname__', rule.fn)!r} registered for {call.func}"
+            out_sets = list(out_sets)
+            if len(out_sets) != len(call.outs):
+                raise ValueError(f"{who} returned {len(out_sets)} set matrices for {len(call.outs)} outputs")
+            out_sets = [None if s is None else S.from_rule(s, (o.numel(), self.n), who)
+                        for o, s in zip(call.outs, out_sets)]
         if len(out_sets) != len(call.outs):
             raise AssertionError(f"internal error: rule for {call.func} returned {len(out_sets)} "
                                  f"set matrices for {len(call.outs)} outputs")

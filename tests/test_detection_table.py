@@ -32,7 +32,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DETECTION = ROOT / "asd" / "detection"
 
 # Import layers: a module may import modules of its own layer or below, never above.
-LAYERS = {"asd.detection._set_kernels": 0, "asd.detection.sets": 0, "asd.detection.second_order": 1, "asd.detection._core": 1, "asd.detection.table": 2, "asd.detection.ad_gaps": 2,
+LAYERS = {"asd.detection._set_kernels": 0, "asd.detection.sets": 0, "asd.detection.second_order": 1,
+          "asd.detection._core": 1, "asd.detection.table": 2, "asd.detection.ad_gaps": 2,
           "asd.detection.rules": 3, "asd.detection.torch_tracer": 4, "asd.detection.jacobian": 5,
           "asd.detection.hessian": 6, "asd.detection.verify": 6, "asd.detection": 7}
 

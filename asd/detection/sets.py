@@ -10,8 +10,9 @@ matrix sharing index arrays with one, where the result has the same rows.
 A trace makes thousands of these small matrices, so they are built without scipy's validation
 (which costs tens of microseconds per matrix) when scipy is one whose ``csr_matrix`` this module
 recognizes (checked once, against the validated constructor; otherwise every matrix takes the
-validated path). Indices are ``int32`` where they fit, as scipy itself chooses. Merging two set matrices and
-gathering rows are Numba kernels (:mod:`asd.detection._set_kernels`, loaded at the first use).
+validated path). Indices are ``int32`` where they fit, as scipy itself chooses. Merging two set
+matrices and gathering rows are Numba kernels (:mod:`asd.detection._set_kernels`, loaded at the
+first use).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import asd
 from asd.detection import hessian_pattern, jacobian_pattern, register_rule
 from asd.detection.rules.elementwise import broadcast_union
 from asd.detection.table import RULES, Rule, aten_ops, lookup, overloads_except
-from asd.errors import UnsupportedOpWarning
+from asd.errors import InputError, UnsupportedOpWarning
 from asd.patterns import SparsityPattern
 
 aten = torch.ops.aten
@@ -203,14 +203,23 @@ def test_a_user_rules_sets_are_checked_in_full():
     x = torch.zeros(3)
     try:
         for make, err, match in (
-                (lambda r, n: _hand_built([0, 1, 2, 3], [0, 1, 7], (r, n)), ValueError, "malformed"),
-                (lambda r, n: _hand_built([0, 2, 1, 3], [0, 1, 2], (r, n)), ValueError, "malformed"),
-                (lambda r, n: sp.identity(n + 1, format="csr", dtype=bool), ValueError, "shape"),
-                (lambda r, n: np.eye(r, n, dtype=bool), TypeError, "scipy.sparse")):
+                (lambda r, n: _hand_built([0, 1, 2, 3], [0, 1, 7], (r, n)), InputError, "malformed"),
+                (lambda r, n: _hand_built([0, 2, 1, 3], [0, 1, 2], (r, n)), InputError, "malformed"),
+                (lambda r, n: sp.identity(n + 1, format="csr", dtype=bool), InputError, "shape"),
+                (lambda r, n: np.eye(r, n, dtype=bool), InputError, "scipy.sparse")):
             install(make)
             with pytest.raises(err, match=match) as info:
                 asd.jacobian_sparsity(torch.sin, x)
             assert "sparsity rule" in str(info.value) and "aten.sin.default" in str(info.value)
+        # a rule registered under a family of its own name is checked too; so is what it returns
+        register_rule(aten.sin.default, lambda call: [_hand_built([0, 1, 2, 3], [0, 1, 7], (3, 3))],
+                      second_order="nonlinear", family="mylib", override=True)
+        with pytest.raises(InputError, match="malformed"):
+            asd.jacobian_sparsity(torch.sin, x)
+        for value in (None, sp.identity(3, format="csr", dtype=bool), [None, None]):
+            register_rule(aten.sin.default, lambda call, v=value: v, override=True)
+            with pytest.raises(InputError, match="sparsity rule .*per output|set matrices for 1"):
+                asd.jacobian_sparsity(torch.sin, x)
         # valid, but unsorted, float, with a duplicate, in COO: the pattern of every row's entries
         coo = lambda r, n: sp.coo_matrix((np.ones(4), ([0, 0, 1, 2], [2, 2, 0, 1])), shape=(r, n))  # noqa: E731
         install(lambda r, n: coo(r, n).tocsr()[:, ::-1][:, ::-1])

@@ -355,6 +355,35 @@ def test_every_rule_has_a_second_order_class():
     assert lookup(aten.mul.Tensor) is before
 
 
+def test_a_user_rules_sets_through_one_argument_are_checked_too(monkeypatch):
+    """The Hessian tracer runs a bilinear rule again with all but one argument masked: what a
+    user's rule returns there is checked as its first return is (a wrong shape or a dense array
+    raised scipy's or Python's error naming nothing; column indices past n crashed the process),
+    and a valid matrix in another format gives the right pattern."""
+    from asd.detection._core import Call
+
+    original = lookup(aten.mul.Tensor)
+    monkeypatch.setitem(RULES, aten.mul.Tensor, original)  # asd's own rule object is put back afterwards
+
+    def install(masked_return):
+        def rule(call):
+            if type(call) is not Call:  # the masked call of the second-order pass
+                return masked_return(call)
+            return broadcast_union(call)
+        register_rule(aten.mul.Tensor, rule, second_order=original.second_order, pairs=original.pairs,
+                      interaction=original.interaction, override=True)
+
+    f = lambda x: (x[:3] * x[1:]).sum()  # noqa: E731
+    for masked in (lambda call: [sp.identity(call.n + 1, format="csr", dtype=bool)],
+                   lambda call: [np.ones((call.outs[0].numel(), call.n), bool)],
+                   lambda call: None):
+        install(masked)
+        with pytest.raises(InputError, match="sparsity rule 'test_a_user_rules"):
+            detect(f, 4)
+    install(lambda call: [m.tocsc() if m is not None else None for m in broadcast_union(call)])
+    np.testing.assert_array_equal(detect(f, 4), dense_pattern(f, 4))
+
+
 def test_ops_without_a_rule_are_general(monkeypatch):
     """The conservative fallback is treated as a general nonlinear op: sound, and strict raises."""
     from asd.errors import UnsupportedOpError, UnsupportedOpWarning

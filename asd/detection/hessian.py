@@ -138,7 +138,7 @@ class HessianTracer(Tracer):
         if others:
             masked = MaskedCall(call.func, call.args, call.kwargs, call.pargs, call.pkwargs, call.outs,
                                 call.tracer, call._bound, keep=keep_ids)
-            sets = rule.fn(masked)
+            sets = self.rule_sets(call, rule, rule.fn(masked))
         else:  # nothing else is traced: the output's sets are those through ``name``
             sets = out_sets
         parts = [s for o, s in zip(call.outs, sets) if s is not None and is_differentiable_dtype(o.dtype)]

@@ -22,6 +22,8 @@ from typing import Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from ..errors import InputError
+
 INDEX = np.int64
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -226,22 +228,23 @@ def matmul(D: sp.spmatrix, S: sp.csr_matrix) -> sp.csr_matrix:
     return _canonical(D @ S)
 
 
-def from_rule(M, shape: tuple[int, int], who: str) -> sp.csr_matrix:
-    """A set matrix from what a user's rule returned, checked in full: a scipy sparse matrix or
-    array of ``shape`` with valid row pointers and column indices (any format, order, dtype or
-    duplicates), as a new canonical set matrix (the rule's own arrays are never modified).
-    ``who`` names the rule in the error."""
+def from_rule(M, shape: tuple[int, int], who: str = "a sparsity rule") -> sp.csr_matrix:
+    """A set matrix from what a user's rule returned (or built by hand), checked in full: a scipy
+    sparse matrix or array of ``shape`` with valid row pointers and column indices (any format,
+    order, dtype or duplicates), as a new canonical set matrix (``M``'s own arrays are never
+    modified). ``who`` names the rule in the :class:`asd.InputError` (a ``ValueError``: PyTorch turns a
+    ``TypeError`` raised under an operator such as ``*`` into "unsupported operand type")."""
     if not sp.issparse(M):
-        raise TypeError(f"{who} returned {type(M).__name__} for an output: return a scipy.sparse matrix "
+        raise InputError(f"{who} returned {type(M).__name__} for an output: return a scipy.sparse matrix "
                         "(one row per output element, one column per input) or None")
     if M.shape != tuple(shape):
-        raise ValueError(f"{who} returned sets of shape {M.shape} for an output that needs {tuple(shape)} (one row "
+        raise InputError(f"{who} returned sets of shape {M.shape} for an output that needs {tuple(shape)} (one row "
                          "per output element, one column per input)")
-    C = sp.csr_matrix(M, copy=True)
     try:
+        C = sp.csr_matrix(M, copy=True)
         C.check_format(full_check=True)
-    except ValueError as exc:
-        raise ValueError(f"{who} returned a malformed sparse matrix ({exc}); build it with scipy's constructors, "
+    except (ValueError, TypeError, IndexError) as exc:
+        raise InputError(f"{who} returned a malformed sparse matrix ({exc}); build it with scipy's constructors, "
                          "which check their arrays") from None
     C.sum_duplicates()
     C.sort_indices()

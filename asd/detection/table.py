@@ -61,6 +61,9 @@ class Rule:
     family: str
     pairs: tuple[tuple[str, str], ...] | None = None
     interaction: str = "output"
+    #: one of asd's own rules (registered while ``asd.detection.rules`` is imported): what it returns
+    #: is trusted; every other rule's return is checked in full (:func:`asd.detection.sets.from_rule`)
+    builtin: bool = dataclasses.field(default=False, compare=False)
 
     def hessian_pairs(self, names: Iterable[str]) -> tuple[tuple[str, str], ...] | None:
         """Argument pairs with a possibly nonzero second-derivative block; ``None`` means all of
@@ -112,9 +115,11 @@ def register_rule(
     one row per output element, sorted indices) or ``None`` for an output that depends on no
     input. :mod:`asd.detection.sets` has the set operations (``take_rows``, ``union``,
     ``gather_union``). A rule must be sound: an output element that may depend on an input must list
-    it. What a rule of the default ``family="user"`` returns is checked in full and copied (any scipy
-    format, order, dtype or duplicates are accepted; a wrong shape, malformed row pointers or column
-    indices, or a value that is not a scipy sparse matrix raise an error naming the rule).
+    it. What a rule registered here returns is checked in full and copied (any scipy format, order,
+    dtype or duplicates are accepted; a wrong shape, malformed row pointers or column indices, or a
+    value that is not a list of scipy sparse matrices raise an error naming the rule). The set
+    operations expect set matrices: those ``call.sets`` returns, results of set operations, or
+    ``asd.detection.sets.from_rule(M, shape)`` of a matrix built by hand.
 
     Parameters
     ----------
@@ -283,6 +288,14 @@ def inplace_twin(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     if {a.name for a in twin._schema.arguments} != {a.name for a in op._schema.arguments}:
         return None
     return twin
+
+
+def seal_builtin() -> None:
+    """Mark every rule registered so far as one of asd's own (called once, at the end of
+    ``asd.detection.rules``'s import); a rule registered later, or registered again, is not."""
+    with _LOCK:
+        for op, rule in list(RULES.items()):
+            RULES[op] = dataclasses.replace(rule, builtin=True)
 
 
 def register_inplace_twins() -> list[torch._ops.OpOverload]:

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch._decomp import decomposition_table
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ..errors import TracingError, UnsupportedOpError, UnsupportedOpWarning
+from ..errors import InputError, TracingError, UnsupportedOpError, UnsupportedOpWarning
 from . import sets as S
 from ._core import Call, Storage, TracedTensor, bind, is_differentiable_dtype, pop_tracer, push_tracer
 from .ad_gaps import GAPS, gaps_of
@@ -862,14 +862,7 @@ class Tracer:
             self.unsupported(call.func)
             out_sets = conservative(call)
         else:
-            out_sets = rule.fn(call)
-        if rule is not None and rule.family == "user":  # checked in full: the set algebra's kernels trust their input
-            who = f"the sparsity rule {getattr(rule.fn, '__qualname__', rule.fn)!r} registered for {call.func}"
-            out_sets = list(out_sets)
-            if len(out_sets) != len(call.outs):
-                raise ValueError(f"{who} returned {len(out_sets)} set matrices for {len(call.outs)} outputs")
-            out_sets = [None if s is None else S.from_rule(s, (o.numel(), self.n), who)
-                        for o, s in zip(call.outs, out_sets)]
+            out_sets = self.rule_sets(call, rule, rule.fn(call))
         if len(out_sets) != len(call.outs):
             raise AssertionError(f"internal error: rule for {call.func} returned {len(out_sets)} "
                                  f"set matrices for {len(call.outs)} outputs")
@@ -879,6 +872,22 @@ class Tracer:
                                      f"{s.shape} for an output of {o.numel()} elements")
         self.observe(call, rule, out_sets)
         return out_sets
+
+    def rule_sets(self, call: Call, rule, out_sets) -> list:
+        """``out_sets``, what ``rule`` returned for ``call``: asd's own rules' as they are, any other
+        rule's checked in full and converted (:func:`asd.detection.sets.from_rule`), since the set
+        algebra's kernels trust their input."""
+        if rule.builtin:
+            return out_sets
+        who = f"the sparsity rule {getattr(rule.fn, '__qualname__', rule.fn)!r} registered for {call.func}"
+        if (out_sets is None or sp.issparse(out_sets) or isinstance(out_sets, (np.ndarray, torch.Tensor, str))
+                or not hasattr(out_sets, "__iter__")):
+            raise InputError(f"{who} returned {type(out_sets).__name__}: return a list with one scipy.sparse matrix "
+                            f"(or None) per output of the op ({len(call.outs)} here)")
+        out_sets = list(out_sets)
+        if len(out_sets) != len(call.outs):
+            raise InputError(f"{who} returned {len(out_sets)} set matrices for {len(call.outs)} outputs")
+        return [None if s is None else S.from_rule(s, (o.numel(), self.n), who) for o, s in zip(call.outs, out_sets)]
 
     def detached(self, t: TracedTensor) -> bool:
         """Whether reverse mode sees ``t`` as a constant here: gradients are being recorded, yet

@@ -584,7 +584,7 @@ def test_full_rows_and_gathered_unions_match_dense(data):
         np.testing.assert_array_equal(got.toarray().reshape(-1), want)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(data=st.data())
 def test_unions_of_different_index_dtypes_match_dense(data):
     """The merge kernel casts both operands to one index dtype: int32 and int64 arrays of different

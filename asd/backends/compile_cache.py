@@ -63,7 +63,12 @@ class Compiled:
 
 
 class _Stats:
-    """Seconds spent compiling and loading in this process (``asd.backends.compile_cache.STATS``)."""
+    """Seconds spent compiling and loading in this process (``asd.backends.compile_cache.STATS``).
+
+    ``compile_seconds`` and ``load_seconds`` count Inductor's compilation and the loading of cached
+    artifacts; ``graph_seconds`` counts everything a compiled operator adds to the call that
+    compiles it: recording the products' graph, specializing it, computing its cache key and
+    compiling or loading it (what a warm-started process pays for ``compile=True``)."""
 
     def __init__(self):
         self.reset()
@@ -73,11 +78,13 @@ class _Stats:
         self.loaded = 0
         self.compile_seconds = 0.0
         self.load_seconds = 0.0
+        self.graph_seconds = 0.0
         self.failed_loads = 0
 
     def as_dict(self) -> dict:
         return dict(compiled=self.compiled, loaded=self.loaded, compile_seconds=self.compile_seconds,
-                    load_seconds=self.load_seconds, failed_loads=self.failed_loads)
+                    load_seconds=self.load_seconds, graph_seconds=self.graph_seconds,
+                    failed_loads=self.failed_loads)
 
 
 STATS = _Stats()
@@ -438,7 +445,7 @@ class CompiledProducts:
     called as ``products(x, seeds)`` with the seeds it was specialized on."""
 
     def __init__(self, compiled: Compiled, runtime: list[int], extras: list, notes: list[str],
-                 by_reference: list[int] | None = None):
+                 by_reference: list[int] | None = None, gather: torch.Tensor | None = None):
         self.compiled = compiled
         self.runtime = runtime
         self.extras = extras
@@ -450,8 +457,18 @@ class CompiledProducts:
         #: object, ``W.t_()``, must not meet them)
         self.layouts = [tensor_layout(t) for t in self.watched]
         self.notes = notes
+        #: the index of the stored entries when the kernels return the flat products and
+        #: :func:`asd.backends.cpu_kernels.take` gathers them (one of ``extras``)
+        self.gather = gather
         fn = compiled.fn
-        if runtime == [0]:
+        if gather is not None:
+            from .cpu_kernels import take
+
+            if runtime == [0]:
+                self._call = lambda x, seeds: take(fn(x, *extras), gather)
+            else:
+                self._call = lambda x, seeds: take(fn(*[(x, seeds)[i] for i in runtime], *extras), gather)
+        elif runtime == [0]:
             self._call = lambda x, seeds: fn(x, *extras)
         else:
             self._call = lambda x, seeds: fn(*[(x, seeds)[i] for i in runtime], *extras)
@@ -478,5 +495,49 @@ def compile_products(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Ten
     args = spec.arguments([x, seeds])
     with torch.no_grad():
         expected = spec.gm(*args)
-    compiled = compile_graph(spec.gm, args, expected=expected)
-    return CompiledProducts(compiled, spec.runtime, spec.extras, spec.notes, spec.by_reference)
+    gm, gather = spec.gm, None
+    if x.device.type == "cpu":
+        gm, gather, expected = _for_cpu(spec, args, expected)
+    compiled = compile_graph(gm, args, expected=expected)
+    return CompiledProducts(compiled, spec.runtime, spec.extras, spec.notes, spec.by_reference, gather)
+
+
+def _for_cpu(spec, args, expected):
+    """``(graph, gather index or None, its expected result)``: the specialized graph with the
+    rewrites of :mod:`asd.backends.cpu_kernels`, where they reproduce it on ``args``; else as it is."""
+    from .cpu_kernels import split_final_gather, split_padded_sums, take
+
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(spec.gm.graph, {}))
+    gm = torch.fx.GraphModule(spec.gm, graph)  # a copy: spec.gm stays the recorded computation
+    try:
+        sums = split_padded_sums(gm)
+        split = split_final_gather(gm, args)
+        products, index = split if split is not None else (gm, None)
+        if not sums and index is None:
+            return spec.gm, None, expected
+        with torch.no_grad():
+            flat = _with_meta(products, args)
+            got = flat if index is None else take(flat, index)
+        if not (_close(got, expected) and torch.equal(got.isnan(), expected.isnan())):
+            raise RuntimeError("the rewritten graph disagrees with the recorded one")
+    except Exception as exc:  # noqa: BLE001 - an optimization: keep the specialized graph
+        spec.notes.append(f"CPU rewrites not used ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})")
+        return spec.gm, None, expected
+    spec.notes.append("CPU rewrites: " + ", ".join(
+        ([f"{sums} padded sum{'s' if sums > 1 else ''} as segments"] if sums else [])
+        + (["gather after the kernels"] if index is not None else [])))
+    return products, index, flat
+
+
+def _with_meta(gm: torch.fx.GraphModule, args):
+    """``gm(*args)``, recording every node's ``meta["val"]`` (on the meta device) on the way."""
+
+    class _Meta(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor):
+                n.meta["val"] = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
+            return out
+
+    return _Meta(gm).run(*args)

@@ -36,6 +36,12 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Recorder(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # otherwise TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo, whose first
+        # call imports torch._dynamo (2-3 s of a fresh process); nothing here is ever compiled
+        return False
+
     def __init__(self):
         super().__init__()
         self.graph = Graph()

@@ -14,6 +14,7 @@ and the operator's pattern holds everywhere (not ``local=True``, not a user ``pa
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
@@ -26,6 +27,12 @@ __all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES"]
 class _NoPythonNumbers(TorchDispatchMode):
     """Refuses a tensor read as a Python number (``.item()``, ``float()``) while the products are
     recorded: the graph would keep the number while the tensor changes."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # otherwise TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo, whose first
+        # call imports torch._dynamo (2-3 s of a fresh process); nothing here is ever compiled
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:
@@ -176,6 +183,7 @@ class Tracing:
         if graph is None:
             if self.calls <= (0 if self.compile else self.calls_before):
                 return None
+            started = time.perf_counter()
             from torch.fx.experimental.proxy_tensor import make_fx
 
             from .graph_passes import simplify
@@ -200,6 +208,11 @@ class Tracing:
                 self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 self.disabled = True
                 return None
+            finally:
+                if self.compile:
+                    from .compile_cache import STATS
+
+                    STATS.graph_seconds += time.perf_counter() - started
             self.graphs[key] = graph
             return out
         if self.compile and _records_grad(graph):

@@ -373,3 +373,17 @@ def choose_hubs(star_u, star_w, hub, key, needed):
             hub[s] = w
             needed[key[w]] = True
     return hub
+
+
+@njit(cache=True)
+def read_from_column(rows, idx, star, hub, out):
+    """For every stored entry ``(i, j)``: whether it is read at row ``i`` of ``j``'s color (the
+    diagonal, and an edge whose star's hub is ``j`` or undetermined) rather than at row ``j``
+    (into ``out``, an array numpy allocated: the coloring keeps it without a copy)."""
+    for p in range(idx.shape[0]):
+        j = idx[p]
+        if rows[p] == j:
+            out[p] = True
+        else:
+            h = hub[star[p]]
+            out[p] = h == j or h < 0

@@ -36,9 +36,9 @@ def _ro(a) -> np.ndarray:
 
 
 def _seed_rows(colors: np.ndarray, k: int, dtype) -> np.ndarray:
-    s = np.zeros((k, colors.shape[0]), dtype=dtype)
-    on = np.nonzero(colors >= 0)[0]
-    s[colors[on], on] = 1
+    s = np.empty((k, colors.shape[0]), dtype=dtype)
+    for c in range(k):  # one streaming pass per row (a scatter into zeros: 3x slower at n = 10^6)
+        np.equal(colors, c, out=s[c], casting="unsafe")
     return s
 
 

@@ -55,9 +55,12 @@ def color_star(pattern, order, seed=0, postprocess=False, perm=None) -> StarColo
             su, sw = star_endpoints(ptr, idx, star, hub.shape[0])
             hub = choose_hubs(su, sw, hub, colors, needed)
             colors, ncolors = renumber(colors, needed[:ncolors])
-    # read (i, j) at row i of j's color when the star's hub is j (or undetermined), else at row j
-    i, j = rows, idx
-    h = np.where(i == j, j, -1)
-    off = i != j
-    h[off] = hub[star[off]]
-    return StarColoring(pattern, order, colors, ncolors, (h == j) | (h < 0))
+    if n == 0:
+        return StarColoring(pattern, order, colors, ncolors, np.zeros(0, np.bool_))
+    from asd.coloring._star_kernels import read_from_column
+
+    # (i, j) is read at row i of j's color when the star's hub is j (or undetermined), else at row j
+    from_column = np.empty(idx.shape[0], dtype=np.bool_)
+    read_from_column(rows, idx, star, hub, from_column)
+    from_column.setflags(write=False)  # the coloring's own: kept uncopied
+    return StarColoring(pattern, order, colors, ncolors, from_column)

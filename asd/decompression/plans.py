@@ -160,8 +160,13 @@ def _(coloring: RowColoring) -> DirectPlan:
 @build_plan.register
 def _(coloring: StarColoring) -> DirectPlan:
     n = coloring.shape[0]
-    i, j, c = coloring.rows(), coloring.indices, coloring.colors
-    gather = np.where(coloring.from_column, c[j] * n + i, c[i] * n + j)
+    if coloring.nnz == 0:
+        return DirectPlan((coloring.ncolors, n), 0, np.zeros(0, dtype=_I))
+    from asd.decompression._direct_kernels import star_gather
+
+    gather = np.empty(coloring.nnz, dtype=_I)
+    star_gather(coloring.rows(), coloring.indices, coloring.colors, coloring.from_column, n, gather)
+    gather.setflags(write=False)  # the plan's own: kept uncopied
     return DirectPlan((coloring.ncolors, n), coloring.nnz, gather)
 
 

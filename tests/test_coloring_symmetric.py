@@ -231,3 +231,29 @@ def test_choose_hessian_does_not_color_star_on_a_path(monkeypatch):
     P = as_pattern(sp.diags([np.ones(n - 1), np.ones(n), np.ones(n - 1)], [-1, 0, 1], format="csr"), name="pattern")
     got = choose_hessian(P, None, "natural", exact_arithmetic=True, max_levels=None)
     assert got.ncolors == 2 and asked == ["acyclic"]
+
+
+def test_a_star_coloring_with_flags_or_colors_of_the_wrong_length_is_refused():
+    # the plan's Numba kernel reads colors[j] and from_column[p] without bounds checks
+    from asd.coloring.result import StarColoring
+
+    good = C.color(banded(16, 2), "star")
+    P = good.pattern
+    with pytest.raises(ColoringError, match="from_column"):
+        StarColoring(P, "given", good.colors, good.ncolors, good.from_column[:-1])
+    with pytest.raises(ColoringError, match="one color per vertex"):
+        StarColoring(P, "given", good.colors[:-1], good.ncolors, good.from_column)
+    again = StarColoring(P, "given", good.colors, good.ncolors, good.from_column)
+    np.testing.assert_array_equal(again.plan.gather, good.plan.gather)
+
+
+def test_seeds_refuse_colors_beyond_the_count():
+    from asd.coloring.result import ColumnColoring
+
+    from asd.patterns import as_pattern
+
+    P = as_pattern(sp.eye(3, format="csr"))
+    with pytest.raises(ColoringError, match="colors must lie"):
+        ColumnColoring(P, "given", np.array([0, 1, 5]), 2).seeds()
+    seeds = ColumnColoring(P, "given", np.array([0, 1, -1]), 2).seeds()
+    np.testing.assert_array_equal(seeds, [[1, 0, 0], [0, 1, 0]])

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from asd.backends import compile_cache
-from asd.backends.cpu_kernels import split_final_gather, split_padded_sums, take
-from asd.backends.specialize import lift
+from asd.backends.cpu_kernels import MAX_SEGMENT_TERMS, split_final_gather, split_padded_sums, take
+from asd.backends.specialize import Specialized
 
 aten = torch.ops.aten
 
@@ -33,12 +33,23 @@ def padded_sums(draw):
         end = draw(st.integers(-length - 2, length + 2))
         terms.append(("slice", start, end))
     terms += [("full",)] * draw(st.integers(0, 2))
-    return shape, dim, draw(st.permutations(terms))
+    terms = draw(st.permutations(terms))
+    values = [1e16, -1e16, 1.0, -0.0, 0.5]  # sums that reassociation would change
+
+    def tree(lo, hi):  # a random binary tree of additions over terms[lo:hi]
+        if hi - lo == 1:
+            return lo
+        k = draw(st.integers(lo + 1, hi - 1))
+        return (tree(lo, k), tree(k, hi))
+
+    return shape, dim, terms, tree(0, len(terms)), draw(st.lists(st.sampled_from(values), min_size=len(terms),
+                                                                    max_size=len(terms)))
 
 
-def _build(shape, dim, terms):
-    """A function of one tensor per term: the sum, left to right, of the terms (slice_backward of
-    a slice-sized operand, or an operand of the whole shape)."""
+def _build(shape, dim, terms, tree=None, fill=None):
+    """A function of one tensor per term: the sum of the terms (slice_backward of a slice-sized
+    operand, or an operand of the whole shape), left to right or nested as ``tree``; ``fill``: a
+    value per term added to its random entries (large values that cancel, a negative zero)."""
     length = shape[dim % len(shape)]
 
     def size(start, end):
@@ -50,12 +61,24 @@ def _build(shape, dim, terms):
     inputs = [torch.randn(size(*t[1:]) if t[0] == "slice" else shape, dtype=torch.float64,
                           generator=torch.Generator().manual_seed(i)) for i, t in enumerate(terms)]
 
+    if fill is not None:
+        inputs = [a.mul(0.0).add(c) if i % 2 else a + c for i, (a, c) in enumerate(zip(inputs, fill))]
+
+    def term(i, a):
+        t = terms[i]
+        return aten.slice_backward(a, list(shape), dim, t[1], t[2], 1) if t[0] == "slice" else a * 1.0
+
     def f(*args):
-        acc = None
-        for t, a in zip(terms, args):
-            v = aten.slice_backward(a, list(shape), dim, t[1], t[2], 1) if t[0] == "slice" else torch.sin(a)
-            acc = v if acc is None else acc + v
-        return acc * 2.0
+        if tree is None:
+            acc = None
+            for i, a in enumerate(args):
+                acc = term(i, a) if acc is None else acc + term(i, a)
+            return acc * 2.0
+
+        def walk(node):
+            return term(node, args[node]) if isinstance(node, int) else walk(node[0]) + walk(node[1])
+
+        return walk(tree) * 2.0
 
     return f, inputs
 
@@ -63,13 +86,13 @@ def _build(shape, dim, terms):
 @settings(max_examples=60, deadline=None)
 @given(padded_sums())
 def test_padded_sums_as_segments_compute_the_same_values(case):
-    shape, dim, terms = case
-    f, inputs = _build(shape, dim, terms)
+    shape, dim, terms, tree, fill = case
+    f, inputs = _build(shape, dim, terms, tree, fill)
     gm = make_fx(f)(*inputs)
     want = gm(*inputs)
     done = split_padded_sums(gm)
     got = gm(*inputs)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)  # the same additions, in the same order
     if len(terms) >= 2 and any(t[0] == "slice" for t in terms):
         assert done == 1
         assert aten.slice_backward.default not in _targets(gm), gm.code
@@ -127,7 +150,7 @@ def _gather_graph(index):
 def test_the_final_gather_runs_after_the_kernels():
     index = torch.tensor([20, 0, 5, 5, 13], dtype=torch.int64)
     gm, args = _gather_graph(index)
-    split = split_final_gather(gm, args)
+    split = split_final_gather(gm, args, {1})
     assert split is not None
     products, idx = split
     assert idx is index  # read by reference, as the graph reads its input
@@ -139,9 +162,10 @@ def test_the_final_gather_runs_after_the_kernels():
                          ids=["past-the-end", "negative", "2-d"])
 def test_a_gather_that_take_cannot_serve_is_kept(index):
     gm, args = _gather_graph(torch.tensor([0, 1], dtype=torch.int64))
-    assert split_final_gather(gm, args) is not None
-    assert split_final_gather(gm, [args[0], index.to(torch.int64)]) is None  # the index the kernels would read
-    assert split_final_gather(gm, [args[0], args[1].to(torch.int32)]) is None
+    assert split_final_gather(gm, args, {1}) is not None
+    assert split_final_gather(gm, [args[0], index.to(torch.int64)], {1}) is None  # the index the kernels would read
+    assert split_final_gather(gm, [args[0], args[1].to(torch.int32)], {1}) is None
+    assert split_final_gather(gm, args, {0}) is None  # an index f could write: not read unchecked
 
 
 def test_take_keeps_a_gradient():
@@ -162,8 +186,9 @@ def _spec():
     x = torch.randn(8, dtype=torch.float64, requires_grad=True)
     idx = torch.tensor([7, 1, 2, 2], dtype=torch.int64)
     gm = make_fx(_rosenbrock_like)(x, idx)
-    spec = lift(gm, [x.detach(), idx])
-    args = spec.arguments([x.detach(), idx])
+    # the index as a constant of the specialization's own (by_reference=[]), as the fused gather's
+    spec = Specialized(gm, runtime=[0], extras=[idx], by_reference=[])
+    args = spec.arguments([x.detach()])
     with torch.no_grad():
         expected = spec.gm(*args)
     return spec, args, expected
@@ -192,3 +217,53 @@ def test_a_rewrite_that_disagrees_with_the_graph_is_not_used(monkeypatch):
     gm, gather, want = compile_cache._for_cpu(spec, args, expected)
     assert gm is spec.gm and gather is None and want is expected
     assert any("CPU rewrites not used" in n for n in spec.notes), spec.notes
+
+
+def test_take_makes_its_result_on_the_device_of_its_operand():
+    flat = torch.randn(6, dtype=torch.float64)
+    with torch.device("meta"):
+        out = take(flat, torch.tensor([5, 0], device="cpu"))
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, flat[[5, 0]], rtol=0, atol=0)
+
+
+def test_a_recorded_graph_with_a_gap_between_slices_is_rewritten():
+    from asd.backends.record import record
+
+    def fn(x):  # a gradient zero at x[2]: a segment no slice reaches
+        return torch.func.grad(lambda z: (z[:2] ** 3).sum() + (z[3:] ** 3).sum())(x)
+
+    x = torch.randn(7, dtype=torch.float64)
+    gm = record(fn, x)  # values on the meta device, as compile=True records them
+    want = gm(x)
+    assert split_padded_sums(gm) == 1
+    torch.testing.assert_close(gm(x), want, rtol=0, atol=0)
+    assert aten.new_zeros.default in _targets(gm)
+
+
+def test_empty_and_many_slice_sums_are_left_alone():
+    def empty(a, b):
+        return aten.slice_backward(a, [0, 3], 0, 0, 0, 1) + b
+
+    a, b = torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, 3, dtype=torch.float64)
+    gm = make_fx(empty)(a, b)
+    assert split_padded_sums(gm) == 0
+
+    def many(z):  # the gradient of 64 shifted slices: 129 segments of 64 terms
+        return torch.func.grad(lambda w: sum((w[s:56 + s] ** 2).sum() for s in range(64)))(z)
+
+    z = torch.randn(120, dtype=torch.float64)
+    gm = make_fx(many)(z)
+    want = gm(z)
+    before = len(gm.graph.nodes)
+    split_padded_sums(gm)  # at most an inner part of the sum, within MAX_SEGMENT_TERMS
+    assert len(gm.graph.nodes) <= before + MAX_SEGMENT_TERMS * 3
+    torch.testing.assert_close(gm(z), want, rtol=0, atol=0)
+
+
+def test_a_gather_index_of_f_s_own_is_not_moved_out_of_the_graph():
+    spec, args, expected = _spec()
+    spec.by_reference = [0]  # the index read by reference: f's tensor, which f may change
+    gm, gather, want = compile_cache._for_cpu(spec, args, expected)
+    assert gather is None
+    torch.testing.assert_close(gm(*args), expected, rtol=0, atol=0)

@@ -67,8 +67,9 @@ class _Stats:
 
     ``compile_seconds`` and ``load_seconds`` count Inductor's compilation and the loading of cached
     artifacts; ``graph_seconds`` counts everything a compiled operator adds to the call that
-    compiles it: recording the products' graph, specializing it, computing its cache key and
-    compiling or loading it (what a warm-started process pays for ``compile=True``)."""
+    compiles it: recording the products' graph, specializing it, computing its cache key,
+    compiling or loading it and the first call of the result (what a warm-started process pays for
+    ``compile=True``), failed attempts included."""
 
     def __init__(self):
         self.reset()
@@ -504,23 +505,36 @@ def compile_products(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Ten
 
 def _for_cpu(spec, args, expected):
     """``(graph, gather index or None, its expected result)``: the specialized graph with the
-    rewrites of :mod:`asd.backends.cpu_kernels`, where they reproduce it on ``args``; else as it is."""
+    rewrites of :mod:`asd.backends.cpu_kernels` where they give its values on ``args`` and on
+    a second input nearby; else the specialized graph as it is."""
     from .cpu_kernels import split_final_gather, split_padded_sums, take
 
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(spec.gm.graph, {}))
-    gm = torch.fx.GraphModule(spec.gm, graph)  # a copy: spec.gm stays the recorded computation
+    gm = torch.fx.GraphModule(spec.gm, graph)  # a copy: spec.gm stays the specialized computation
+    nrun = len(spec.runtime)
+    # the gather index must be one of the specialization's own constants, never a tensor of f's
+    constants = set() if spec.by_reference is None else {
+        nrun + i for i in range(len(spec.extras)) if i not in spec.by_reference}
     try:
         sums = split_padded_sums(gm)
-        split = split_final_gather(gm, args)
+        if sums:
+            with torch.no_grad():
+                _with_meta(gm, args)  # the new nodes' values, which the gather's rewrite reads
+        split = split_final_gather(gm, args, constants)
         products, index = split if split is not None else (gm, None)
         if not sums and index is None:
             return spec.gm, None, expected
+        other = [a * 1.5 - 0.25 if i < nrun and isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                 for i, a in enumerate(args)]
         with torch.no_grad():
             flat = _with_meta(products, args)
-            got = flat if index is None else take(flat, index)
-        if not (_close(got, expected) and torch.equal(got.isnan(), expected.isnan())):
-            raise RuntimeError("the rewritten graph disagrees with the recorded one")
+            want_other = spec.gm(*other)
+            got_other = products(*other)
+        # the same additions in the same order (a zero term dropped) and the same gather: the same values
+        for got, want in ((flat, expected), (got_other, want_other)):
+            if not _same(got if index is None else take(got, index), want):
+                raise RuntimeError("the rewritten graph disagrees with the specialized one")
     except Exception as exc:  # noqa: BLE001 - an optimization: keep the specialized graph
         spec.notes.append(f"CPU rewrites not used ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})")
         return spec.gm, None, expected
@@ -528,6 +542,17 @@ def _for_cpu(spec, args, expected):
         ([f"{sums} padded sum{'s' if sums > 1 else ''} as segments"] if sums else [])
         + (["gather after the kernels"] if index is not None else [])))
     return products, index, flat
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes, dtypes and values, NaN where the other has NaN (-0.0 equals 0.0)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if not a.is_floating_point():
+        return bool(torch.equal(a, b))
+    return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)))
 
 
 def _with_meta(gm: torch.fx.GraphModule, args):

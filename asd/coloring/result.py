@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from asd.errors import DecompressionError
+from asd.errors import ColoringError, DecompressionError
 from asd.patterns import SparsityPattern, _frozen
 
 __all__ = ["Coloring", "ColumnColoring", "RowColoring", "StarColoring", "AcyclicColoring", "BiColoring",
@@ -36,6 +36,9 @@ def _ro(a) -> np.ndarray:
 
 
 def _seed_rows(colors: np.ndarray, k: int, dtype) -> np.ndarray:
+    if colors.size and (int(colors.max()) >= k or int(colors.min()) < -1):
+        raise ColoringError(f"colors must lie in [-1, {k - 1}] for {k} colors (-1: not seeded); got "
+                            f"{int(colors.min())}..{int(colors.max())}")
     s = np.empty((k, colors.shape[0]), dtype=dtype)
     for c in range(k):  # one streaming pass per row (a scatter into zeros: 3x slower at n = 10^6)
         np.equal(colors, c, out=s[c], casting="unsafe")
@@ -213,6 +216,13 @@ class StarColoring(_Symmetric):
     def __post_init__(self):
         super().__post_init__()
         object.__setattr__(self, "from_column", _ro(np.asarray(self.from_column, dtype=np.bool_)))
+        # the plan's kernel reads colors[i], colors[j] and from_column[p] without bounds checks
+        if self.colors.shape != (self.pattern.shape[0],):
+            raise ColoringError(f"a star coloring needs one color per vertex: {self.colors.shape[0] if self.colors.ndim else 0} "
+                                f"colors for {self.pattern.shape[0]} vertices")
+        if self.from_column.shape != (self.pattern.nnz,):
+            raise ColoringError(f"from_column needs one flag per stored entry: shape {self.from_column.shape}, "
+                                f"{self.pattern.nnz} entries")
 
 
 @dataclass(frozen=True, eq=False)

@@ -267,3 +267,28 @@ def test_a_gather_index_of_f_s_own_is_not_moved_out_of_the_graph():
     gm, gather, want = compile_cache._for_cpu(spec, args, expected)
     assert gather is None
     torch.testing.assert_close(gm(*args), expected, rtol=0, atol=0)
+
+
+def test_a_doubling_chain_of_sums_is_bounded():
+    def f(a, c):  # y = y + y, 40 times: 2^40 terms if every add were opened
+        y = aten.slice_backward(a, [6], 0, 1, 6, 1) + c
+        for _ in range(40):
+            y = y + y
+        return y
+
+    a, c = torch.randn(5, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    gm = make_fx(f)(a, c)
+    want = gm(a, c)
+    split_padded_sums(gm)  # returns at once: the terms are counted up to MAX_SEGMENT_TERMS
+    torch.testing.assert_close(gm(a, c), want, rtol=0, atol=0)
+
+
+def test_the_rewrites_check_tells_infinities_from_the_largest_finite_values():
+    big = torch.finfo(torch.float64).max
+    a = torch.tensor([float("inf"), float("nan"), -0.0], dtype=torch.float64)
+    assert compile_cache._same(a, torch.tensor([float("inf"), float("nan"), 0.0], dtype=torch.float64))
+    assert not compile_cache._same(a, torch.tensor([big, float("nan"), 0.0], dtype=torch.float64))
+    assert not compile_cache._same(-a, torch.tensor([-big, float("nan"), 0.0], dtype=torch.float64))
+    assert not compile_cache._same(a, torch.tensor([float("inf"), 1.0, 0.0], dtype=torch.float64))
+    z = torch.tensor([complex(float("inf"), 0.0)], dtype=torch.complex128)
+    assert not compile_cache._same(z, torch.tensor([complex(big, 0.0)], dtype=torch.complex128))

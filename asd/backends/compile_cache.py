@@ -552,7 +552,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
         a, b = torch.view_as_real(a), torch.view_as_real(b)
     if not a.is_floating_point():
         return bool(torch.equal(a, b))
-    return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)))
+    nan = a.isnan()
+    return bool(torch.equal(nan, b.isnan()) and torch.equal(a.masked_fill(nan, 0.0), b.masked_fill(nan, 0.0)))
 
 
 def _with_meta(gm: torch.fx.GraphModule, args):

@@ -35,17 +35,25 @@ def _is_add(node: Node) -> bool:
             and not node.kwargs and all(isinstance(a, Node) for a in node.args))
 
 
-def _terms(node: Node, shape, root: bool, out: list, opened: set) -> None:
-    """The operands of the tree of ``add`` nodes under ``node`` (left to right) into ``out``: an
-    inner ``add`` of the same shape used only by its parent is opened (into ``opened``), anything
-    else is a term."""
-    v = _val(node)
-    if _is_add(node) and v is not None and tuple(v.shape) == shape and (root or len(node.users) == 1):
-        opened.add(node)
-        for a in node.args:
-            _terms(a, shape, False, out, opened)
-    else:
-        out.append(node)
+def _terms(root: Node, shape) -> tuple[list, set] | None:
+    """The operands of the tree of ``add`` nodes under ``root``, left to right, and the ``add``
+    nodes opened: an inner ``add`` of the same shape used only by its parent is opened, anything
+    else is a term. ``None`` past :data:`MAX_SEGMENT_TERMS` terms (``y + y`` chains double them)."""
+    terms: list = []
+    opened: set = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        v = _val(node)
+        if (_is_add(node) and v is not None and tuple(v.shape) == shape
+                and (node is root or len(node.users) == 1)):
+            opened.add(node)
+            stack.extend(reversed(node.args))
+        else:
+            terms.append(node)
+            if len(terms) > MAX_SEGMENT_TERMS:
+                return None
+    return terms, opened
 
 
 def _slice_range(node: Node, shape, dim: int | None) -> tuple[int, int, int] | None:
@@ -98,9 +106,10 @@ def split_padded_sums(gm: GraphModule) -> int:
         if v is None or v.dim() == 0:
             continue
         shape = tuple(v.shape)
-        terms: list = []
-        opened: set = set()
-        _terms(node, shape, True, terms, opened)
+        found = _terms(node, shape)
+        if found is None:
+            continue
+        terms, opened = found
         ranges = {}
         dim = None
         for t in terms:

@@ -292,3 +292,18 @@ def test_the_rewrites_check_tells_infinities_from_the_largest_finite_values():
     assert not compile_cache._same(a, torch.tensor([float("inf"), 1.0, 0.0], dtype=torch.float64))
     z = torch.tensor([complex(float("inf"), 0.0)], dtype=torch.complex128)
     assert not compile_cache._same(z, torch.tensor([complex(big, 0.0)], dtype=torch.complex128))
+
+
+def test_a_gather_of_the_rewritten_sum_itself_still_runs_after_the_kernels():
+    def f(a, c, idx):  # the gathered tensor is the padded sum, which the first rewrite replaces
+        return (aten.slice_backward(a, [6], 0, 1, 6, 1) + c).index_select(0, idx)
+
+    a, c = torch.randn(5, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    idx = torch.tensor([5, 0, 3], dtype=torch.int64)
+    spec = Specialized(make_fx(f)(a, c, idx), runtime=[0, 1], extras=[idx], by_reference=[])
+    args = spec.arguments([a, c])
+    expected = spec.gm(*args)
+    gm, gather, want = compile_cache._for_cpu(spec, args, expected)
+    assert gather is idx, spec.notes  # the new cat node's value is known to the gather's rewrite
+    assert "segments" in spec.notes[-1] and "gather" in spec.notes[-1]
+    torch.testing.assert_close(take(gm(*args), gather), expected, rtol=0, atol=0)

@@ -131,10 +131,27 @@ def test_check_rejects_two_colored_cycle():
     C.check(A, r)
 
 
-def test_substitution_plan_levels_are_topological():
+def test_substitution_plan_order_is_sequential():
+    """The plan's own steps (in the order the CPU kernel follows) read only entries that earlier
+    steps wrote, and every entry is written."""
     A = _sym(80, 0.05, 11)
     r = C.color(A, "acyclic", "smallest_last")
     plan = r.plan
+    assert not plan.is_leveled
+    written_at = np.full(r.nnz, -1)
+    for k in range(len(plan.step_pos)):
+        deps = plan.dep_pos[plan.dep_ptr[k]:plan.dep_ptr[k + 1]]
+        assert (written_at[deps] >= 0).all()
+        written_at[plan.step_pos[k]] = written_at[plan.step_pos_t[k]] = k
+    assert (written_at >= 0).all()
+
+
+def test_substitution_plan_levels_are_topological():
+    A = _sym(80, 0.05, 11)
+    r = C.color(A, "acyclic", "smallest_last")
+    plan = r.plan.leveled
+    assert plan.is_leveled and plan.leveled is plan and r.plan.leveled is plan
+    assert plan.nnz == r.plan.nnz and sorted(plan.step_pos) == sorted(r.plan.step_pos)
     step_level = np.repeat(np.arange(plan.nlevels), np.diff(plan.level_ptr))
     level_of_pos = np.full(r.nnz, -1)
     level_of_pos[plan.step_pos] = step_level

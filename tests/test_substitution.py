@@ -110,7 +110,7 @@ def test_a_plan_that_leaves_entries_unwritten_gives_zeros_there():
 
     res, v, B = _case(n=80, seed=5)
     assert res.plan.writes_every_entry
-    plan = res.plan
+    plan = res.plan.leveled
     keep = plan.level_ptr[1]  # the first level only: its steps depend on nothing
     cut = replace(plan, step_pos=plan.step_pos[:keep], step_pos_t=plan.step_pos_t[:keep],
                   step_src=plan.step_src[:keep], dep_ptr=plan.dep_ptr[:keep + 1],
@@ -129,25 +129,69 @@ def test_a_plan_keeps_its_kernel_arrays_read_only():
     """The plan of an acyclic coloring keeps the arrays its kernels computed without copying them:
     they are sealed read-only, so neither the plan's user nor asd can change a plan in place."""
     res, v, B = _case(seed=4)
-    plan = res.plan
-    for name in ("step_pos", "step_pos_t", "step_src", "dep_ptr", "dep_pos", "dep_step", "level_ptr"):
-        a = getattr(plan, name)
-        assert a.dtype == np.int64 and not a.flags.writeable
-        with pytest.raises(ValueError, match="read-only"):
-            a[:1] = 0
-    np.testing.assert_allclose(plan.decompress(B), v)
+    for plan in (res.plan, res.plan.leveled):
+        for name in ("step_pos", "step_pos_t", "step_src", "dep_ptr", "dep_pos", "dep_step", "level_ptr"):
+            a = getattr(plan, name)
+            if a is None:  # the sequential plan has no levels
+                assert not plan.is_leveled
+                continue
+            assert a.dtype == np.int64 and not a.flags.writeable
+            with pytest.raises(ValueError, match="read-only"):
+                a[:1] = 0
+        np.testing.assert_allclose(plan.decompress(B), v)
 
 
 def test_a_plan_is_built_without_copying_its_kernel_arrays(monkeypatch):
     import asd.decompression._substitution_kernels as kernels
     from asd.decompression.plans import substitution_plan
 
-    made = []
-    real = kernels.sort_steps_by_level
-    monkeypatch.setattr(kernels, "sort_steps_by_level", lambda *a: made.append(real(*a)) or made[-1])
+    made, made_sorted = [], []
+    real, real_sort = kernels.build_substitution, kernels.sort_steps_by_level
+    monkeypatch.setattr(kernels, "build_substitution", lambda *a: made.append(real(*a)) or made[-1])
+    monkeypatch.setattr(kernels, "sort_steps_by_level", lambda *a: made_sorted.append(real_sort(*a)) or made_sorted[-1])
     res, _, _ = _case(seed=5)
     plan = substitution_plan(res.pattern, res.colors, res.ncolors)
-    assert plan.step_pos is made[0][0] and plan.level_ptr is made[0][-1]
+    assert plan.step_pos is made[0][0] and plan.dep_pos is made[0][4] and not made_sorted
+    leveled = plan.leveled
+    assert leveled.step_pos is made_sorted[0][0] and leveled.level_ptr is made_sorted[0][-1]
+
+
+def test_cpu_substitution_never_sorts_by_level(monkeypatch):
+    """On the CPU the Numba kernel follows the plan's sequential order: no level sort (a tenth of a
+    one-off 10^6-unknown Hessian) is made for preparing or evaluating an operator there."""
+    import asd
+    import asd.decompression._substitution_kernels as kernels
+    from asd.problems import rosenbrock
+
+    def refuse(*a):
+        raise AssertionError("sorted by level on the CPU")
+
+    monkeypatch.setattr(kernels, "sort_steps_by_level", refuse)
+    x = torch.linspace(-1.0, 1.0, 300, dtype=torch.float64)
+    op = asd.prepare_hessian(rosenbrock, x, coloring="acyclic")
+    torch.testing.assert_close(op(x).to_dense(), torch.func.hessian(rosenbrock)(x))
+    assert not op.coloring.plan.is_leveled
+
+
+def test_a_plan_sorted_by_level_solves_the_same_values_on_every_path():
+    """The level-wise torch kernel (other devices, and the CPU when the values need gradients) uses
+    the plan sorted by level; it gives the sequential kernel's values."""
+    res, v, B = _case(n=120, seed=7)
+    fast = substitute(res.plan, torch.tensor(B), fast=True).numpy()
+    levelwise = substitute(res.plan, torch.tensor(B), fast=False).numpy()
+    np.testing.assert_allclose(fast, v, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(levelwise, v, rtol=1e-12, atol=1e-12)
+    assert res.plan.leveled.nlevels == res.plan.nlevels > 1
+
+
+def test_a_plan_has_both_level_arrays_or_neither():
+    from dataclasses import replace
+
+    from asd.errors import DecompressionError
+
+    res, _, _ = _case(seed=3)
+    with pytest.raises(DecompressionError, match="dep_step and level_ptr"):
+        replace(res.plan, level_ptr=np.zeros(1, dtype=np.int64))
 
 
 def test_colors_a_substitution_cannot_use_are_refused():

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..decompression.device import PreparedGather, prepared
+from ..decompression.plans import DirectPlan
 from ..errors import InputError
 from .base import Backend, BatchedProducts, SingleDirection, seed_block_types
 
@@ -40,7 +41,7 @@ class FusedGather(Backend):
     @staticmethod
     def applies(coloring, batch_size) -> bool:
         """Whether the fused gather can evaluate this coloring with this batch size."""
-        return (len(seed_block_types(coloring)) == 1 and coloring.plan.nlevels == 0 and hasattr(coloring.plan, "gather")
+        return (len(seed_block_types(coloring)) == 1 and isinstance(coloring.plan, DirectPlan)
                 and (batch_size is None or batch_size >= coloring.ncolors))
 
     def init(self, g, x, coloring, *, batch_size=None, compile=False, trace=None) -> FusedState:

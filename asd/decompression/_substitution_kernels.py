@@ -30,8 +30,9 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
 
     ``perm``: the off-diagonal CSR positions sorted by (color pair, row); ``gstart``: the start
     of each color pair's segment in ``perm`` (length ngroups + 1).  Returns the steps
-    (pos, pos_t, src, level) in creation order, their dependencies (CSR-like) and ``ok``
-    (False if some two-colored subgraph has a cycle).
+    (pos, pos_t, src) in creation order, which is a sequential order (every dependency of a step
+    is written by an earlier step), their dependencies (CSR-like) and ``ok`` (False if some
+    two-colored subgraph has a cycle). :func:`sort_steps_by_level` sorts them by level.
     """
     nnz = idx.shape[0]
     # diagonal steps first
@@ -44,12 +45,10 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
     step_pos = np.empty(nsteps, dtype=np.int64)
     step_pos_t = np.empty(nsteps, dtype=np.int64)
     step_src = np.empty(nsteps, dtype=np.int64)
-    step_lvl = np.zeros(nsteps, dtype=np.int64)
     dep_ptr = np.zeros(nsteps + 1, dtype=np.int64)
     dep_pos = np.empty(max(nnz - ndiag - nedge, 1) * 1, dtype=np.int64)
     ndep_cap = dep_pos.shape[0]
     ndep = 0
-    lvl_pos = np.full(nnz, -1, dtype=np.int64)
     k = 0
     for p in range(nnz):
         if rows[p] == idx[p]:
@@ -107,7 +106,6 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
             step_pos[k] = p
             step_pos_t[k] = tpos[p]
             step_src[k] = color[j] * n + i
-            lv = 0
             for z in range(vd[i, 3], vd[i, 4]):
                 d = perm[z]
                 if d != p:
@@ -119,11 +117,6 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
                         ndep_cap = newcap
                     dep_pos[ndep] = d
                     ndep += 1
-                    if lvl_pos[d] + 1 > lv:
-                        lv = lvl_pos[d] + 1
-            step_lvl[k] = lv
-            lvl_pos[p] = lv
-            lvl_pos[tpos[p]] = lv
             dep_ptr[k + 1] = ndep
             k += 1
             vd[i, 0] = 0
@@ -143,7 +136,7 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
             t = vd[i, 4]
     if k != nsteps:
         ok = False
-    return step_pos[:k], step_pos_t[:k], step_src[:k], step_lvl[:k], dep_ptr[: k + 1], dep_pos[:ndep].copy(), ok
+    return step_pos[:k], step_pos_t[:k], step_src[:k], dep_ptr[: k + 1], dep_pos[:ndep].copy(), ok
 
 
 @njit(cache=True)
@@ -193,8 +186,26 @@ def group_by_pair(rows, idx, color, k):
 
 
 @njit(cache=True)
-def sort_steps_by_level(step_pos, step_pos_t, step_src, step_lvl, dep_ptr, dep_pos):
+def sort_steps_by_level(nnz, step_pos, step_pos_t, step_src, dep_ptr, dep_pos):
+    """The steps of a sequential plan sorted by level, stably: a step's level is 1 + the deepest
+    level of the steps that wrote its dependencies (0 without any). Returns ``(pos, pos_t, src,
+    dep_ptr, dep_pos, dep_step, level_ptr)``."""
     ns = step_pos.shape[0]
+    step_lvl = np.empty(ns, dtype=np.int64)
+    lvl_pos = np.full(nnz, -1, dtype=np.int64)
+    for s in range(ns):
+        if not (0 <= step_pos[s] < nnz and 0 <= step_pos_t[s] < nnz and 0 <= dep_ptr[s] <= dep_ptr[s + 1]
+                and dep_ptr[s + 1] <= dep_pos.shape[0]):
+            raise ValueError("a substitution plan's steps point past its entries or dependencies")
+        lv = 0
+        for d in range(dep_ptr[s], dep_ptr[s + 1]):
+            if not 0 <= dep_pos[d] < nnz:
+                raise ValueError("a substitution plan's dependency points past its entries")
+            if lvl_pos[dep_pos[d]] + 1 > lv:
+                lv = lvl_pos[dep_pos[d]] + 1
+        step_lvl[s] = lv
+        lvl_pos[step_pos[s]] = lv
+        lvl_pos[step_pos_t[s]] = lv
     nlev = 0
     for s in range(ns):
         if step_lvl[s] + 1 > nlev:

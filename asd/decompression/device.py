@@ -62,10 +62,11 @@ def _(plan: DirectPlan, device) -> PreparedGather:
 
 @_prepare.register
 def _(plan: SubstitutionPlan, device) -> PreparedSubstitution:
-    lp = [int(v) for v in plan.level_ptr]
-    dp = plan.dep_ptr
-    pos, pos_t, src = _t(plan.step_pos, device), _t(plan.step_pos_t, device), _t(plan.step_src, device)
-    dep_pos, dep_step = _t(plan.dep_pos, device), _t(plan.dep_step, device)
+    leveled = plan.leveled
+    lp = [int(v) for v in leveled.level_ptr]
+    dp = leveled.dep_ptr
+    pos, pos_t, src = _t(leveled.step_pos, device), _t(leveled.step_pos_t, device), _t(leveled.step_src, device)
+    dep_pos, dep_step = _t(leveled.dep_pos, device), _t(leveled.dep_step, device)
     levels = []
     for lvl in range(len(lp) - 1):
         a, b = lp[lvl], lp[lvl + 1]

@@ -3,8 +3,10 @@
 One plan function per coloring result class (:func:`build_plan` dispatches on the class):
 
 * :class:`DirectPlan` (column, row, star and bicolorings): ``values = B.reshape(-1)[gather]``.
-* :class:`SubstitutionPlan` (acyclic colorings): entries solved in *steps*, sorted by *level*;
-  every step of a level depends only on steps of earlier levels::
+* :class:`SubstitutionPlan` (acyclic colorings): entries solved in *steps*, in a sequential
+  order (every step's dependencies are written by earlier steps), which the CPU kernel follows
+  one step at a time. :attr:`SubstitutionPlan.leveled` sorts them by *level* (every step of a
+  level depends only on steps of earlier levels) for the vectorised kernels of other devices::
 
       for each level l, steps k in level_ptr[l]:level_ptr[l+1]:
           v_k = B.flat[step_src[k]] - sum(values[dep_pos[d]] for d in dep_ptr[k]:dep_ptr[k+1])
@@ -84,7 +86,10 @@ class DirectPlan(_Plan):
 
 @dataclass(frozen=True, eq=False)
 class SubstitutionPlan(_Plan):
-    """Level-sorted substitution steps of an acyclic coloring (see the module docstring)."""
+    """Substitution steps of an acyclic coloring (see the module docstring): sorted by level where
+    ``level_ptr`` and ``dep_step`` are given, else in a sequential order only (:attr:`leveled`
+    sorts them; the CPU kernel needs no levels, and sorting a long elimination tree costs a tenth
+    of a one-off 10^6-unknown Hessian)."""
 
     compressed_shape: tuple
     nnz: int
@@ -93,12 +98,16 @@ class SubstitutionPlan(_Plan):
     step_src: np.ndarray
     dep_ptr: np.ndarray
     dep_pos: np.ndarray
-    dep_step: np.ndarray
-    level_ptr: np.ndarray
+    dep_step: np.ndarray | None = None
+    level_ptr: np.ndarray | None = None
 
     def __post_init__(self):
+        if (self.dep_step is None) != (self.level_ptr is None):
+            raise DecompressionError("a substitution plan has both dep_step and level_ptr (sorted by level) or "
+                                     "neither (sequential)")
         for name in ("step_pos", "step_pos_t", "step_src", "dep_ptr", "dep_pos", "dep_step", "level_ptr"):
-            object.__setattr__(self, name, _ro(getattr(self, name)))
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _ro(getattr(self, name)))
 
     @classmethod
     def _of_sealed(cls, *values) -> SubstitutionPlan:
@@ -111,9 +120,28 @@ class SubstitutionPlan(_Plan):
         return plan
 
     @property
+    def is_leveled(self) -> bool:
+        """Whether the steps are sorted by level (``level_ptr`` and ``dep_step`` are given)."""
+        return self.level_ptr is not None
+
+    @cached_property
+    def leveled(self) -> SubstitutionPlan:
+        """The plan with its steps sorted by level (this plan where they are): built once."""
+        if self.is_leveled:
+            return self
+        from asd.decompression._substitution_kernels import sort_steps_by_level
+
+        steps = sort_steps_by_level(self.nnz, self.step_pos, self.step_pos_t, self.step_src, self.dep_ptr,
+                                    self.dep_pos)
+        sealed = _sealed(*steps)
+        if sealed is None:
+            return SubstitutionPlan(self.compressed_shape, self.nnz, *steps)
+        return SubstitutionPlan._of_sealed(self.compressed_shape, self.nnz, *sealed)
+
+    @property
     def nlevels(self) -> int:
-        """Number of sequential substitution levels."""
-        return len(self.level_ptr) - 1
+        """Number of sequential substitution levels (sorts a sequential plan by level)."""
+        return len(self.leveled.level_ptr) - 1
 
     @cached_property
     def writes_every_entry(self) -> bool:
@@ -190,9 +218,9 @@ def substitution_plan(pattern, colors, ncolors) -> SubstitutionPlan:
 
     Every two-colored forest is peeled leaf by leaf: the entry ``(i, j)`` for a leaf ``i`` with
     remaining neighbour ``j`` is ``B[c(j)][i]`` minus ``i``'s already solved entries of the same
-    forest. Steps are sorted by level (1 + the deepest step they depend on), so a vectorised
-    kernel can solve one level at a time. Raises :class:`ColoringError` if the colors are not an
-    acyclic coloring.
+    forest. The steps stay in that (sequential) order; :attr:`SubstitutionPlan.leveled` sorts
+    them by level (1 + the deepest step they depend on) for a vectorised kernel that solves one
+    level at a time. Raises :class:`ColoringError` if the colors are not an acyclic coloring.
     """
     ptr, idx = pattern.indptr, pattern.indices
     n = pattern.shape[0]
@@ -210,18 +238,17 @@ def substitution_plan(pattern, colors, ncolors) -> SubstitutionPlan:
     if n == 0:
         z = np.zeros(0, dtype=_I)
         return SubstitutionPlan((int(ncolors), n), nnz, z, z, z, np.zeros(1, _I), z, z, np.zeros(1, _I))
-    from asd.decompression._substitution_kernels import build_substitution, group_by_pair, sort_steps_by_level
+    from asd.decompression._substitution_kernels import build_substitution, group_by_pair
 
     _, tpos = pattern.transpose_with_positions  # symmetric: the mirror position of every entry
     k = max(int(ncolors), 1)
     perm, gstart, clash = group_by_pair(rows, idx, colors, k)
     if clash:
         raise ColoringError("substitution needs a distance-1 coloring (two adjacent vertices share a color)")
-    sp_, spt, ssrc, slvl, dptr, dpos, ok = build_substitution(ptr, idx, tpos, rows, colors, perm, gstart, n)
+    *steps, ok = build_substitution(ptr, idx, tpos, rows, colors, perm, gstart, n)
     if not ok:
         raise ColoringError("the coloring has a two-colored cycle: it is not acyclic, substitution impossible")
-    steps = sort_steps_by_level(sp_, spt, ssrc, slvl, dptr, dpos)
     sealed = _sealed(*steps)
     if sealed is None:
         return SubstitutionPlan((int(ncolors), n), nnz, *steps)
-    return SubstitutionPlan._of_sealed((int(ncolors), n), nnz, *sealed)
+    return SubstitutionPlan._of_sealed((int(ncolors), n), nnz, *sealed, None, None)

@@ -34,7 +34,7 @@ class Gather:
     index: np.ndarray
 
 
-#: level-sorted substitution steps: the plan itself (its arrays are read-only int64 already)
+#: level-sorted substitution steps: the plan sorted by level (its arrays are read-only int64 already)
 Substitution = SubstitutionPlan
 
 
@@ -51,7 +51,7 @@ def decompression(coloring) -> Gather | Substitution:
     plan = coloring.plan
     if isinstance(plan, DirectPlan):
         return Gather(np.asarray(plan.gather, dtype=np.int64))
-    return plan
+    return plan.leveled
 
 
 def structure(coloring) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:

@@ -307,3 +307,58 @@ def test_a_gather_of_the_rewritten_sum_itself_still_runs_after_the_kernels():
     assert gather is idx, spec.notes  # the new cat node's value is known to the gather's rewrite
     assert "segments" in spec.notes[-1] and "gather" in spec.notes[-1]
     torch.testing.assert_close(take(gm(*args), gather), expected, rtol=0, atol=0)
+
+
+def _inner_gathers_graph(index):
+    def f(x, idx):  # a gather inside the graph (an operand, as the pushed-down fused gather reads) and one at its end
+        g = torch.sin(x).reshape(-1).index_select(0, idx)
+        return (g * 2 + torch.cos(x).reshape(-1).index_select(0, idx)).index_select(0, idx.flip(0).remainder(idx.numel()))
+
+    x = torch.randn(3, 7, dtype=torch.float64)
+    return make_fx(f)(x, index), [x, index]
+
+
+def test_every_gather_by_an_own_index_becomes_take():
+    from asd.backends.cpu_kernels import gathers_as_take, with_meta
+
+    index = torch.tensor([20, 0, 5, 5, 13, 2], dtype=torch.int64)
+    gm, args = _inner_gathers_graph(index)
+    want = gm(*args)
+    with torch.no_grad():
+        with_meta(gm, args)
+    # the flipped index is computed in the graph, not an input: its gather stays index_select
+    assert gathers_as_take(gm, args, {1}) == 2
+    assert _targets(gm).count(take) == 2 and aten.index_select.default in _targets(gm)
+    torch.testing.assert_close(gm(*args), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("index", [torch.tensor([0, 21]), torch.tensor([-1, 2])], ids=["past-the-end", "negative"])
+def test_gathers_that_take_cannot_serve_stay_index_select(index):
+    from asd.backends.cpu_kernels import gathers_as_take, with_meta
+
+    gm, args = _inner_gathers_graph(torch.tensor([0, 1], dtype=torch.int64))
+    with torch.no_grad():
+        with_meta(gm, args)
+    assert gathers_as_take(gm, [args[0], index], {1}) == 0  # the index the kernels would read unchecked
+    assert gathers_as_take(gm, [args[0], args[1].to(torch.int32)], {1}) == 0
+    assert gathers_as_take(gm, args, {0}) == 0  # an index f could write
+    assert take not in _targets(gm)
+
+
+def test_eager_replay_gathers_with_take_and_keeps_the_bits():
+    """The eager replay of a recorded B1 Jacobian gathers by its own constant index with ``take``
+    in the variants it builds; the operator's values are the recorded graph's bits."""
+    import asd
+    from asd.problems import brusselator, brusselator_input
+    from asd.backends.traced import CALLS_BEFORE_TRACING
+
+    f, x = brusselator(8), brusselator_input(8)
+    op = asd.prepare_jacobian(f, x)
+    for _ in range(CALLS_BEFORE_TRACING + 2):
+        op(x)
+    products = getattr(op.state, "fused", None) or op.state.products
+    (replay,) = products.tracing.graphs.values()
+    assert replay.chosen in ("folded", "pushed")
+    assert take in _targets(replay.fast.gm)
+    with torch.no_grad():
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x), rtol=1e-12, atol=1e-12)

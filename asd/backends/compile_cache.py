@@ -507,7 +507,7 @@ def _for_cpu(spec, args, expected):
     """``(graph, gather index or None, its expected result)``: the specialized graph with the
     rewrites of :mod:`asd.backends.cpu_kernels` where they give its values on ``args`` and on
     a second input nearby; else the specialized graph as it is."""
-    from .cpu_kernels import split_final_gather, split_padded_sums, take
+    from .cpu_kernels import split_final_gather, split_padded_sums, take, with_meta
 
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(spec.gm.graph, {}))
@@ -520,7 +520,7 @@ def _for_cpu(spec, args, expected):
         sums = split_padded_sums(gm)
         if sums:
             with torch.no_grad():
-                _with_meta(gm, args)  # the new nodes' values, which the gather's rewrite reads
+                with_meta(gm, args)  # the new nodes' values, which the gather's rewrite reads
         split = split_final_gather(gm, args, constants)
         products, index = split if split is not None else (gm, None)
         if not sums and index is None:
@@ -528,7 +528,7 @@ def _for_cpu(spec, args, expected):
         other = [a * 1.5 - 0.25 if i < nrun and isinstance(a, torch.Tensor) and a.is_floating_point() else a
                  for i, a in enumerate(args)]
         with torch.no_grad():
-            flat = _with_meta(products, args)
+            flat = with_meta(products, args)
             want_other = spec.gm(*other)
             got_other = products(*other)
         # the same additions in the same order (a zero term dropped) and the same gather: the same values
@@ -554,16 +554,3 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
         return bool(torch.equal(a, b))
     nan = a.isnan()
     return bool(torch.equal(nan, b.isnan()) and torch.equal(a.masked_fill(nan, 0.0), b.masked_fill(nan, 0.0)))
-
-
-def _with_meta(gm: torch.fx.GraphModule, args):
-    """``gm(*args)``, recording every node's ``meta["val"]`` (on the meta device) on the way."""
-
-    class _Meta(torch.fx.Interpreter):
-        def run_node(self, n):
-            out = super().run_node(n)
-            if isinstance(out, torch.Tensor):
-                n.meta["val"] = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
-            return out
-
-    return _Meta(gm).run(*args)

@@ -191,6 +191,50 @@ def split_final_gather(gm: GraphModule, args: list, constants) -> tuple[GraphMod
     return products, idx
 
 
+def with_meta(gm: GraphModule, args):
+    """``gm(*args)``, recording every node's ``meta["val"]`` (on the meta device) on the way."""
+
+    class _Meta(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor):
+                n.meta["val"] = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
+            return out
+
+    return _Meta(gm).run(*args)
+
+
+def gathers_as_take(gm: GraphModule, args: list, constants) -> int:
+    """Rewrite, in place, every ``index_select(src, 0, index)`` of ``gm`` whose ``src`` is a 1-D
+    floating CPU tensor and whose ``index`` is the graph's input at one of the positions
+    ``constants`` (inputs nothing else writes, read without bounds checks at every call), a
+    contiguous int64 CPU tensor in range of ``src``: it becomes :func:`take`. Reads the nodes'
+    ``meta["val"]`` (:func:`with_meta`), so ``args`` must be CPU tensors; returns the number of
+    gathers rewritten."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    done = 0
+    for node in gm.graph.nodes:
+        if not (node.op == "call_function" and node.target is aten.index_select.default and len(node.args) == 3
+                and not node.kwargs and node.args[1] == 0):
+            continue
+        src, index = node.args[0], node.args[2]
+        if not (isinstance(index, Node) and index in placeholders and placeholders.index(index) in constants):
+            continue
+        idx, sv = args[placeholders.index(index)], _val(src)
+        if (sv is None or sv.dim() != 1 or sv.dtype not in (torch.float32, torch.float64) or sv.device.type not in
+                ("cpu", "meta") or not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.dim() != 1
+                or not idx.is_contiguous() or idx.device.type != "cpu"):
+            continue
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= sv.shape[0]):
+            continue
+        node.target = take
+        node.args = (src, index)
+        done += 1
+    if done:
+        gm.recompile()
+    return done
+
+
 def take(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``flat[index]`` for an ``index`` checked in range by :func:`split_final_gather` (a ``flat``
     that records a gradient is gathered by ``index_select``, which keeps it)."""

@@ -86,12 +86,20 @@ _FRESH = {_aten.roll.default, _aten.cat.default, _aten.stack.default, _aten.inde
 
 def _fresh(node: Node) -> bool:
     t = node.target
-    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
+    if node.op != "call_function":
         return False
-    if t in _FRESH:
+    if t in _FRESH or t is _take():
         return True
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
     return (torch.Tag.pointwise in t.tags and not t._schema.is_mutable and len(t._schema.returns) == 1
             and t._schema.returns[0].alias_info is None)
+
+
+def _take():
+    from .cpu_kernels import take  # a new tensor of its own, like index_select
+
+    return take
 
 
 def _contiguous_meta(node) -> "object | None":

@@ -339,8 +339,10 @@ class _SparseOperator:
                     self._warmup = None
                 else:
                     # double backward gives NaN where torch.func's products are finite (a norm's
-                    # Hessian at 0): such a call is evaluated by the operator's own strategy
-                    if bool(torch.isfinite(out).all()):
+                    # Hessian at 0): such a call is evaluated by the operator's own strategy. A NaN
+                    # or an infinity makes the sum non-finite (so does an overflowing sum: then the
+                    # operator's strategy evaluates a call it did not need to)
+                    if bool(torch.isfinite(out.detach().sum())):
                         return out
             if self._user_backend:
                 return run(self.backend, self.state, self.decompressor, _private(x))

@@ -207,3 +207,14 @@ def test_warmup_nan_where_the_batched_products_are_finite(f):
     assert torch.isfinite(H2.to_dense()).all()
     y = torch.rand(4, dtype=torch.float64)
     torch.testing.assert_close(op(y).to_dense(), torch.func.hessian(f)(y), rtol=1e-10, atol=1e-12)
+
+
+def test_warmup_values_whose_sum_overflows_are_kept_finite():
+    """The warm-up's finiteness check sums the values: finite values whose sum overflows send the
+    call to the batched products, which give the same finite Hessian."""
+    f = lambda v: 0.5e308 * (v ** 2).sum()  # noqa: E731
+    x = torch.ones(3, dtype=torch.float64)
+    op = asd.prepare_hessian(f, x, check=False)
+    assert op._warmup is not None
+    torch.testing.assert_close(op(x).to_dense(), torch.diag(torch.full((3,), 1e308, dtype=torch.float64)),
+                               rtol=0, atol=0)

@@ -25,6 +25,22 @@ def substitute_numba(flat, plan):
 
 
 @njit(cache=True)
+def writes_every_entry(nnz, step_pos, step_pos_t):
+    """Whether the steps write every one of ``nnz`` entries (positions outside raise)."""
+    written = np.zeros(nnz, dtype=np.bool_)
+    for k in range(step_pos.shape[0]):
+        p, q = step_pos[k], step_pos_t[k]
+        if p < 0 or p >= nnz or q < 0 or q >= nnz:
+            raise ValueError("a substitution plan's steps point past its entries")
+        written[p] = True
+        written[q] = True
+    for p in range(nnz):
+        if not written[p]:
+            return False
+    return True
+
+
+@njit(cache=True)
 def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
     """Peel the leaves of every two-colored forest.
 

@@ -147,10 +147,9 @@ class SubstitutionPlan(_Plan):
     def writes_every_entry(self) -> bool:
         """Whether the steps write every stored entry (a plan of an acyclic coloring does; one
         built by hand may leave entries at zero)."""
-        written = np.zeros(self.nnz, dtype=bool)
-        written[self.step_pos] = True
-        written[self.step_pos_t] = True
-        return bool(written.all())
+        from asd.decompression._substitution_kernels import writes_every_entry
+
+        return bool(writes_every_entry(self.nnz, self.step_pos, self.step_pos_t))
 
     def decompress(self, compressed) -> np.ndarray:
         """Numpy/Numba reference decompression."""

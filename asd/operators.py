@@ -174,6 +174,30 @@ def _tracing_of(state) -> Tracing | None:
     return getattr(products, "tracing", None)
 
 
+class _CallArgs:
+    """The extra arguments of the call being evaluated, shared by an operator and the closures it
+    hands to its backends (``f`` bound to them). The closures hold this box, not the operator: an
+    operator in a reference cycle would keep its arrays (hundreds of MB at 10^6 unknowns) until the
+    garbage collector runs, and every later allocation would fault in fresh memory meanwhile."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: tuple):
+        self.value = value
+
+
+def _tracing_factory(f: Callable, box: _CallArgs) -> Callable[[], Tracing]:
+    """What makes the operator's :class:`Tracing`: its guard watches ``f``, the call's extra
+    arguments and the default dtype (``torch.tensor(0.1)`` in ``f`` records a constant of that
+    dtype)."""
+
+    def make() -> Tracing:
+        guard = ValueGuard()
+        return Tracing(lambda: guard((f, box.value, torch.get_default_dtype())))
+
+    return make
+
+
 class _SparseOperator:
     """Evaluation shared by the prepared operators: (pattern, coloring, backend state, decompressor)."""
 
@@ -204,11 +228,22 @@ class _SparseOperator:
         self._with_grad: BatchedProducts | None = None
         self._prepared_args = (args, dict(kwargs or {}))
         self._args_fingerprint = fingerprint(self._prepared_args)
-        self._call_args = self._prepared_args
+        self._args = _CallArgs(self._prepared_args)
+
+    @property
+    def _call_args(self) -> tuple:
+        """``(args, kwargs)`` of the call being evaluated."""
+        return self._args.value
+
+    @_call_args.setter
+    def _call_args(self, value: tuple) -> None:
+        self._args.value = value
 
     def _bound(self, f: Callable) -> Callable:
-        """``f`` of ``x`` alone, with the extra arguments of the current call."""
-        return lambda z: f(z, *self._call_args[0], **self._call_args[1])
+        """``f`` of ``x`` alone, with the extra arguments of the current call (read from the box, so
+        that the closure does not hold the operator)."""
+        box = self._args
+        return lambda z: f(z, *box.value[0], **box.value[1])
 
     def _call_with(self, args: tuple, kwargs: dict):
         """The argument pair of a call (the prepared one when none is given) and whether it differs
@@ -266,7 +301,7 @@ class _SparseOperator:
         if trace is None:  # the pattern must hold everywhere for a recorded graph to be replayed
             trace = not (self._local or self._user_pattern)
         self._options = dict(batch_size=self.batch_size, compile=compile,
-                             trace=self._make_tracing if check_bool("trace", trace) else None)
+                             trace=_tracing_factory(self.f, self._args) if check_bool("trace", trace) else None)
         self.ad_gap: str | None = None
         self._warmup: _Warmup | None = None
         coloring, backend = self._avoid_gaps(coloring, backend, user_backend=self._user_backend, explicit=explicit)
@@ -310,11 +345,6 @@ class _SparseOperator:
         self.backend = backend
         self.decompressor = Decompressor(coloring, self.device)
         self.state = backend.init(self._g, self._x0, coloring, **self._options)
-
-    def _make_tracing(self) -> Tracing:
-        guard = ValueGuard()
-        # the default dtype too: torch.tensor(0.1) in f records a constant of that dtype
-        return Tracing(lambda: guard((self.f, self._call_args, torch.get_default_dtype())))
 
     @property
     def strategy(self) -> str:
@@ -535,11 +565,12 @@ class _SparseOperator:
         new.__dict__.update(self.__dict__)
         new.f = f
         new._guard = ModuleStateGuard(f)
+        new._args = _CallArgs(self._prepared_args)  # its own: f is bound to the box, not to the operator
         new._g = new._flat(f)
         new.last_check = None
         new._with_grad = None
         if new._options["trace"] is not None:
-            new._options = dict(new._options, trace=new._make_tracing)
+            new._options = dict(new._options, trace=_tracing_factory(f, new._args))
         new.state = new.backend.init(new._g, new._x0, new.coloring, **new._options)
         if new._warmup is not None:
             new._start_warmup(new._warmup.backend, new._warmup.limit)

@@ -81,13 +81,16 @@ def _id_call(call: Call, id_dtype: torch.dtype, data_value=None, subst: dict | N
             p = p.cpu()
         return p
 
+    def tensor(a):
+        return ids_for(a) if _is_data(a) else select(a)
+
+    # not recursive: a closure that calls itself is a reference cycle, which would keep the call,
+    # its tracer and every index set of the trace alive until the garbage collector runs
     def convert(name, a):
-        if _is_data(a):
-            return ids_for(a)
         if isinstance(a, torch.Tensor):
-            return select(a)
+            return tensor(a)
         if isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in a):
-            return type(a)(convert(name, t) if t is not None else None for t in a)
+            return type(a)(tensor(t) if isinstance(t, torch.Tensor) else t for t in a)  # Tensor[] / Tensor?[]
         if name in scalar_names and a is not None:
             return 0 if data_value is None else data_value
         return a
@@ -188,23 +191,23 @@ def clear_memo() -> None:
     _MEMO_SIZE[0] = 0
 
 
+def _collect_sets(call: Call, a, set_list: list) -> None:
+    # a module function, not a closure calling itself: that would be a reference cycle holding the
+    # call (and with it the tracer and every index set of the trace) until the garbage collector runs
+    if _is_data(a):
+        s = call.sets(a) if isinstance(a, TracedTensor) else None
+        if s is not None:
+            set_list.append(s)
+    elif isinstance(a, (list, tuple)):
+        for t in a:
+            _collect_sets(call, t, set_list)
+
+
 def _stacked_sets(call: Call):
     """The sets of the data arguments, stacked in the order :func:`_id_call` numbers them."""
-    set_list = []
-
-    def visit(a):
-        if _is_data(a):
-            s = call.sets(a) if isinstance(a, TracedTensor) else None
-            if s is not None:
-                set_list.append(s)
-        elif isinstance(a, (list, tuple)):
-            for t in a:
-                visit(t)
-
-    for a in call.args:
-        visit(a)
-    for v in call.kwargs.values():
-        visit(v)
+    set_list: list = []
+    for a in (*call.args, *call.kwargs.values()):
+        _collect_sets(call, a, set_list)
     return S.vstack(set_list) if set_list else None
 
 
@@ -403,23 +406,24 @@ def view_ids(call: Call, base: TracedTensor) -> list[np.ndarray] | None:
     return ids
 
 
+def _view_arg_key(a, base: TracedTensor):
+    if a is base:
+        return ("B", tuple(base.shape), base.dtype)
+    if isinstance(a, torch.Tensor):
+        raise _NoKey
+    if isinstance(a, (list, tuple)):
+        return (type(a), tuple(_view_arg_key(t, base) for t in a))
+    if type(a) in _PLAIN:
+        return (type(a), a)
+    raise _NoKey
+
+
 def _view_key(call: Call, base: TracedTensor):
     """The memo key of a view op's ids (see :func:`_memo_key`): the op, the base's shape and every
     other argument's Python value; ``None`` where another tensor is passed."""
-    def key(a):
-        if a is base:
-            return ("B", tuple(base.shape), base.dtype)
-        if isinstance(a, torch.Tensor):
-            raise _NoKey
-        if isinstance(a, (list, tuple)):
-            return (type(a), tuple(key(t) for t in a))
-        if type(a) in _PLAIN:
-            return (type(a), a)
-        raise _NoKey
-
     try:
-        return ("view", call.func, tuple(key(a) for a in call.args),
-                tuple((k, key(v)) for k, v in call.kwargs.items()))
+        return ("view", call.func, tuple(_view_arg_key(a, base) for a in call.args),
+                tuple((k, _view_arg_key(v, base)) for k, v in call.kwargs.items()))
     except _NoKey:
         return None
 

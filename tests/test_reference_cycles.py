@@ -94,3 +94,27 @@ def test_a_rebound_operator_reads_its_own_call_arguments(no_gc):
     torch.testing.assert_close(H_old, torch.func.hessian(lambda z: _scaled(z, 2.0))(x))
     torch.testing.assert_close(H_new, torch.func.hessian(lambda z: _scaled(z, 5.0))(x))
     torch.testing.assert_close(op(x).to_dense(), H_old)
+
+
+def test_jax_operators_are_freed_without_the_garbage_collector(no_gc):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import asd.jax as aj
+
+    jax.config.update("jax_enable_x64", True)
+
+    def f(v):
+        return jnp.sum(100 * (v[1:] - v[:-1] ** 2) ** 2 + (1 - v[:-1]) ** 2)
+
+    def g(v):
+        return v[1:] * v[:-1] + jnp.sin(v[1:])
+
+    x = jnp.linspace(0.0, 1.0, 20)
+    for make, call in ((lambda: aj.prepare_hessian(f, x), lambda op: op.value_grad_hessian(x)),
+                       (lambda: aj.prepare_jacobian(g, x), lambda op: op(x))):
+        op = make()
+        call(op)
+        ref = weakref.ref(op)
+        del op
+        assert ref() is None

@@ -80,12 +80,13 @@ class _SparseOperator:
         nnz = len(indices)
         empty = not blocks or C.ncolors(coloring) == 0
         self._args = () if constants else (self._seeds, self._dec_arrays)
+        dtype = self.dtype  # the jitted functions must not hold the operator (a reference cycle)
 
         def compressed(x, seeds):
             return products(x, blocks, seeds, batch_size)
 
         def values(x, seeds, arrays):
-            return jnp.zeros(nnz, self.dtype) if empty else dec(compressed(x, seeds), *arrays)
+            return jnp.zeros(nnz, dtype) if empty else dec(compressed(x, seeds), *arrays)
 
         self._compressed = jax.jit(self._bound(compressed, constants, self._seeds))
         self._values = jax.jit(self._bound(values, constants, self._seeds, self._dec_arrays))
@@ -267,10 +268,11 @@ class SparseHessian(_SparseOperator):
             nnz = len(C.structure(self.coloring)[1])
             ncol = self.ncolors
             bs = self._batch_size
+            g = self._g  # not the operator: run is kept by it
 
             def run(v, seeds, arrays):
                 if ncol == 0:
-                    val, grad = jax.value_and_grad(self._g)(v.reshape(-1))
+                    val, grad = jax.value_and_grad(g)(v.reshape(-1))
                     return val, grad, jnp.zeros(nnz, v.dtype)
                 val, grad, flat = products(v, None, seeds, bs)
                 return val, grad, dec(flat, *arrays)

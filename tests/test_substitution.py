@@ -236,3 +236,25 @@ def test_a_pattern_that_is_not_symmetric_is_refused():
     res = AcyclicColoring(as_pattern(sp.csr_array(np.eye(3)), name="pattern"), "natural", np.zeros(3, int), 0)
     with pytest.raises(ColoringError, match="below ncolors"):
         res.decompress(np.zeros(0))
+
+
+def test_the_plan_kernels_give_the_same_steps_with_int32_and_int64_scratch():
+    """The plan's scratch is int32 where every vertex and position fits (int64 beyond): both give
+    the same steps (the per-vertex XORs of neighbours and positions stay within the type)."""
+    import asd.decompression._substitution_kernels as kernels
+
+    res, _, _ = _case(n=150, density=0.1, seed=8, order="smallest_last")
+    P = res.pattern
+    colors = np.asarray(res.colors, dtype=np.int64)
+    _, tpos = P.transpose_with_positions
+    n, nnz = P.shape[0], P.nnz
+    out = []
+    for dt in (np.int32, np.int64):
+        perm, gstart, clash = kernels.group_by_pair(P.rows, P.indices, colors, res.ncolors, np.empty(nnz, dtype=dt))
+        assert not clash
+        *steps, ok = kernels.build_substitution(P.indptr, P.indices, tpos, P.rows, colors, perm, gstart, n,
+                                                np.zeros((n, 5), dtype=dt), np.empty(n, dtype=dt))
+        assert ok
+        out.append(steps)
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)

@@ -41,11 +41,13 @@ def writes_every_entry(nnz, step_pos, step_pos_t):
 
 
 @njit(cache=True)
-def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
+def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n, vd, queue):
     """Peel the leaves of every two-colored forest.
 
     ``perm``: the off-diagonal CSR positions sorted by (color pair, row); ``gstart``: the start
-    of each color pair's segment in ``perm`` (length ngroups + 1).  Returns the steps
+    of each color pair's segment in ``perm`` (length ngroups + 1). ``vd`` (``(n, 5)``, zeros) and
+    ``queue`` (``n``) are scratch, of an integer type that holds every vertex and position (int32
+    where they fit: half the memory to fault in).  Returns the steps
     (pos, pos_t, src) in creation order, which is a sequential order (every dependency of a step
     is written by an earlier step), their dependencies (CSR-like) and ``ok`` (False if some
     two-colored subgraph has a cycle). :func:`sort_steps_by_level` sorts them by level.
@@ -74,10 +76,9 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
             step_src[k] = color[i] * n + i
             dep_ptr[k + 1] = ndep
             k += 1
-    # per-vertex scratch for the current group
-    # per-vertex scratch packed in one row (one cache line): deg, nbrsum, possum, seg_a, seg_b
-    vd = np.zeros((n, 5), dtype=np.int64)
-    queue = np.empty(n, dtype=np.int64)
+    # per-vertex scratch for the current group, packed in one row: degree, XOR of the neighbours,
+    # XOR of their positions (the last neighbour and position once the degree is 1: XOR, unlike a
+    # sum, stays within the index type), segment start and end in perm
     ok = True
     ngroups = gstart.shape[0] - 1
     for g in range(ngroups):
@@ -96,8 +97,8 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
             s1 = 0
             s2 = 0
             for z in range(t, u):
-                s1 += idx[perm[z]]
-                s2 += perm[z]
+                s1 ^= idx[perm[z]]
+                s2 ^= perm[z]
             vd[i, 1] = s1
             vd[i, 2] = s2
             t = u
@@ -137,8 +138,8 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
             k += 1
             vd[i, 0] = 0
             vd[j, 0] -= 1
-            vd[j, 1] -= i
-            vd[j, 2] -= tpos[p]
+            vd[j, 1] ^= i
+            vd[j, 2] ^= tpos[p]
             if vd[j, 0] == 1:
                 queue[qt] = j
                 qt += 1
@@ -156,10 +157,12 @@ def build_substitution(ptr, idx, tpos, rows, color, perm, gstart, n):
 
 
 @njit(cache=True)
-def group_by_pair(rows, idx, color, k):
+def group_by_pair(rows, idx, color, k, perm):
     """Off-diagonal positions stably counting-sorted by color pair (so (row, col) order is
-    kept inside a pair); returns (perm, gstart, clash) over the non-empty pairs, ``clash`` True
-    where two adjacent vertices share a color (then perm and gstart are empty)."""
+    kept inside a pair), written into ``perm`` (scratch of at least as many elements as entries,
+    of an integer type that holds every position); returns (perm over the off-diagonal
+    positions, gstart, clash) over the non-empty pairs, ``clash`` True where two adjacent vertices
+    share a color (then perm and gstart are empty)."""
     nnz = idx.shape[0]
     cnt = np.zeros(k * k + 1, dtype=np.int64)
     noff = 0
@@ -170,7 +173,7 @@ def group_by_pair(rows, idx, color, k):
             a = color[i]
             b = color[j]
             if a == b:
-                return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), True
+                return perm[:0], np.zeros(1, dtype=np.int64), True
             key = a * k + b if a < b else b * k + a
             cnt[key + 1] += 1
             noff += 1
@@ -188,7 +191,8 @@ def group_by_pair(rows, idx, color, k):
             g += 1
     gstart[ng] = noff
     nxt = cnt[:-1].copy()
-    perm = np.empty(noff, dtype=np.int64)
+    if perm.shape[0] < noff:
+        raise ValueError("group_by_pair: perm is too short")
     for p in range(nnz):
         i = rows[p]
         j = idx[p]
@@ -198,7 +202,7 @@ def group_by_pair(rows, idx, color, k):
             key = a * k + b if a < b else b * k + a
             perm[nxt[key]] = p
             nxt[key] += 1
-    return perm, gstart, False
+    return perm[:noff], gstart, False
 
 
 @njit(cache=True)

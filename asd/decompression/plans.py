@@ -241,10 +241,13 @@ def substitution_plan(pattern, colors, ncolors) -> SubstitutionPlan:
 
     _, tpos = pattern.transpose_with_positions  # symmetric: the mirror position of every entry
     k = max(int(ncolors), 1)
-    perm, gstart, clash = group_by_pair(rows, idx, colors, k)
+    # the kernels' scratch: int32 where every vertex and position fits (half the memory to fault in)
+    scratch = np.int32 if max(n, nnz) < np.iinfo(np.int32).max else _I
+    perm, gstart, clash = group_by_pair(rows, idx, colors, k, np.empty(nnz, dtype=scratch))
     if clash:
         raise ColoringError("substitution needs a distance-1 coloring (two adjacent vertices share a color)")
-    *steps, ok = build_substitution(ptr, idx, tpos, rows, colors, perm, gstart, n)
+    *steps, ok = build_substitution(ptr, idx, tpos, rows, colors, perm, gstart, n, np.zeros((n, 5), dtype=scratch),
+                                    np.empty(n, dtype=scratch))
     if not ok:
         raise ColoringError("the coloring has a two-colored cycle: it is not acyclic, substitution impossible")
     sealed = _sealed(*steps)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -23,6 +24,9 @@ from .errors import InputError
 __all__ = ["SparsityPattern", "as_pattern"]
 
 _I = np.int64
+#: square patterns of at least this many entries look for their mirrors with a Numba kernel even
+#: before Numba is loaded (see :meth:`SparsityPattern.transpose_with_positions`)
+SYMMETRIC_KERNEL_NNZ = 1 << 16
 _FORMAT = "asd.SparsityPattern/1"
 
 
@@ -140,6 +144,17 @@ class SparsityPattern:
         """``(P^T, perm)``: the transposed pattern and, for each of its entries, the position of
         the same entry in this pattern's CSR order. Built once."""
         m, n = self.shape
+        # (while Numba is not loaded, a small pattern takes scipy's route: importing it costs more)
+        if m == n and m and ("numba" in sys.modules or self.nnz >= SYMMETRIC_KERNEL_NNZ):
+            from ._pattern_kernels import symmetric_mirror
+
+            # a symmetric structure is its own transpose: one pass finds every entry's mirror (and
+            # checks the symmetry in full), without scipy's transposed copy
+            mirror, symmetric = symmetric_mirror(self.indptr, self.indices)
+            if symmetric:
+                mirror.setflags(write=False)
+                self.__dict__["is_symmetric"] = True
+                return SparsityPattern((n, m), self.indptr, self.indices, self.output_shape, self.input_shape), mirror
         # CSR -> CSC carrying each entry's position: linear time, rows sorted within columns
         indptr, indices, order = _csr_to_csc(m, n, self.indptr, self.indices)
         for a in (indptr, indices, order):  # fresh arrays of this function's own: frozen, not copied

@@ -109,3 +109,44 @@ def test_default_jacobian_coloring_of_a_symmetric_pattern_colors_once(monkeypatc
     assert calls == ["row"] and res.problem == "row"
     assert choose.choose_jacobian(P, None, "natural", prefer="column").problem == "column"
     assert C.check(P.to_scipy(), res)
+
+
+@st.composite
+def square_structures(draw):
+    """Square patterns: symmetric (A + A^T), symmetric but for one entry, or random."""
+    n = draw(st.integers(1, 20))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    D = rng.random((n, n)) < draw(st.sampled_from([0.0, 0.1, 0.3, 1.0]))
+    kind = draw(st.sampled_from(["symmetric", "almost", "random"]))
+    if kind != "random":
+        D = D | D.T
+    if kind == "almost":
+        i, j = draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1))
+        if i != j:
+            D[i, j] = not D[i, j]
+    return D
+
+
+@SETTINGS
+@given(square_structures())
+def test_the_transpose_and_its_positions_are_scipys(D):
+    """A symmetric pattern's transpose comes from one pass that finds every entry's mirror (the
+    pattern itself, sharing its arrays); any other from scipy's CSR -> CSC: both are the transpose,
+    with the position of every entry, and the symmetry they report is the matrix's."""
+    from unittest import mock
+
+    import asd.patterns
+    from asd.patterns import as_pattern
+
+    P = as_pattern(D)
+    with mock.patch.object(asd.patterns, "SYMMETRIC_KERNEL_NNZ", 0):  # the kernel's route at any size
+        T, perm = P.transpose_with_positions
+    want = sp.csr_array(D.T.astype(np.int8))
+    want.sort_indices()
+    np.testing.assert_array_equal(T.indptr, want.indptr)
+    np.testing.assert_array_equal(T.indices, want.indices)
+    rows = P.rows
+    np.testing.assert_array_equal(rows[perm], T.indices)  # T's entry (j, i) is P's entry (i, j)
+    np.testing.assert_array_equal(P.indices[perm], T.rows)
+    assert P.is_symmetric == bool((D == D.T).all())
+    assert not perm.flags.writeable and not T.indices.flags.writeable

@@ -164,8 +164,9 @@ class _Scalar:
     @property
     def op(self) -> SparseHessian:
         if self._op is None:
-            self._op = SparseHessian(lambda z, *o: self.ad.of_variable(z, *o), self.x0, args=self.others0,
-                                     **self.options)
+            # f is the adapter's method, not a closure over this object: the operator it keeps would
+            # close a reference cycle (kept until the garbage collector runs)
+            self._op = SparseHessian(self.ad.of_variable, self.x0, args=self.others0, **self.options)
         return self._op
 
     def _at(self, call_args):

@@ -66,12 +66,29 @@ def test_an_operator_and_its_trace_are_freed_without_the_garbage_collector(case,
     assert all(r() is None for r in refs)
 
 
+def _uses():
+    from asd import scipy as asp
+    from asd.solvers.newton import newton
+
+    x, f = brusselator_input(4), brusselator(4)
+    xh = torch.rand(40, dtype=torch.float64)
+    for mode in ("forward", "reverse"):
+        asd.sparse_jacobian(f, x, mode=mode, cache=False)
+    for coloring in ("star", "acyclic"):
+        asd.sparse_hessian(rosenbrock, xh, coloring=coloring, cache=False)
+    asd.gradient_and_hessian(rosenbrock, xh, cache=False)
+    op = asd.prepare_jacobian(f, x, check=True)
+    op(x)
+    op.check(x)
+    newton(lambda z: z ** 3 - 1 + 0.1 * torch.roll(z, 1), torch.ones(10, dtype=torch.float64))
+    asp.jac(f, x.numpy())(x.numpy())
+    asp.hess(rosenbrock, xh.numpy())(xh.numpy())
+
+
 def test_a_one_off_leaves_nothing_for_the_garbage_collector(no_gc):
-    x = torch.rand(40, dtype=torch.float64)
-    asd.sparse_hessian(rosenbrock, x, cache=False)  # the first call imports and fills the memos
+    _uses()  # the first calls import and fill the memos
     gc.collect()
-    asd.sparse_hessian(rosenbrock, x, cache=False)
-    asd.sparse_jacobian(brusselator(4), brusselator_input(4), cache=False)
+    _uses()
     gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds unreachable is kept in gc.garbage
     try:
         gc.collect()

@@ -8,7 +8,8 @@ from numba import njit
 def symmetric_mirror(indptr, indices):
     """``(mirror, True)`` for a square canonical CSR structure (sorted, distinct columns per row)
     that is symmetric, where ``mirror[p]`` is the position of the entry mirroring entry ``p``;
-    ``(empty, False)`` where it is not symmetric or a column lies outside ``[0, n)``.
+    ``(empty, False)`` where it is not symmetric, a column lies outside ``[0, n)`` or the row
+    pointers decrease (never reading past the arrays).
 
     One pass over the rows in order: the entries ``(i, j)`` of a column ``j`` arrive with ``i``
     increasing, as row ``j``'s sorted columns list them, so a cursor per row finds every mirror;
@@ -21,6 +22,8 @@ def symmetric_mirror(indptr, indices):
         return mirror[:0], False
     cursor = np.empty(n, dtype=np.int64)
     for j in range(n):
+        if indptr[j + 1] < indptr[j]:  # decreasing row pointers would lead past the indices
+            return mirror[:0], False
         cursor[j] = indptr[j]
     for i in range(n):
         for p in range(indptr[i], indptr[i + 1]):

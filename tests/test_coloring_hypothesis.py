@@ -150,3 +150,17 @@ def test_the_transpose_and_its_positions_are_scipys(D):
     np.testing.assert_array_equal(P.indices[perm], T.rows)
     assert P.is_symmetric == bool((D == D.T).all())
     assert not perm.flags.writeable and not T.indices.flags.writeable
+
+
+def test_the_mirror_kernel_refuses_malformed_structures_without_reading_past_them():
+    from asd._pattern_kernels import symmetric_mirror
+
+    I = np.int64
+    for indptr, indices in (([0, 3, 1, 2], [0, 0]),  # decreasing row pointers
+                            ([0, 1, 2], [0, 5]),  # a column past n
+                            ([0, 1, 2], [0, -1]),  # a negative column
+                            ([0, 2, 2], [1, 0])):  # unsorted: not a canonical structure
+        mirror, ok = symmetric_mirror(np.array(indptr, dtype=I), np.array(indices, dtype=I))
+        assert not ok and mirror.size == 0
+    mirror, ok = symmetric_mirror(np.array([0, 2, 3], dtype=I), np.array([0, 1, 0], dtype=I))
+    assert ok and mirror.tolist() == [0, 2, 1]

@@ -135,3 +135,27 @@ def test_jax_operators_are_freed_without_the_garbage_collector(no_gc):
         ref = weakref.ref(op)
         del op
         assert ref() is None
+
+
+def test_a_substitution_plan_used_level_by_level_is_freed(no_gc):
+    """The level-wise kernel's prepared tensors are kept weakly per plan and do not hold the plan;
+    a plan sorted by level is its own ``leveled`` without caching itself (both would be cycles or
+    immortal entries)."""
+    from dataclasses import replace
+
+    import scipy.sparse as sp
+
+    import asd.coloring as C
+    from asd.decompression.device import substitute
+
+    A = sp.random(60, 60, density=0.08, random_state=0, format="csr")
+    res = C.color((A + A.T + sp.identity(60)).tocsr(), "acyclic")
+    B = torch.zeros(res.plan.compressed_size, dtype=torch.float64)
+    sequential = replace(res.plan, step_pos=res.plan.step_pos.copy())
+    leveled = replace(res.plan.leveled, step_pos=res.plan.leveled.step_pos.copy())
+    refs = [weakref.ref(sequential), weakref.ref(leveled)]
+    for plan in (sequential, leveled):
+        substitute(plan, B, fast=False)  # the level-wise path: prepared(plan) -> plan.leveled
+        assert plan.leveled.is_leveled
+    del sequential, leveled, plan
+    assert all(r() is None for r in refs)

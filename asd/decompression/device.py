@@ -42,9 +42,9 @@ class PreparedGather:
 
 @dataclass(frozen=True, eq=False)
 class PreparedSubstitution:
-    """A substitution plan's index tensors on one device, split by level."""
+    """A substitution plan's index tensors on one device, split by level (not the plan itself: the
+    cache of :func:`prepared` is weak on the plan, and a value holding its key would never die)."""
 
-    plan: SubstitutionPlan
     levels: tuple
     size: int
     nnz: int
@@ -73,7 +73,7 @@ def _(plan: SubstitutionPlan, device) -> PreparedSubstitution:
         da, db = int(dp[a]), int(dp[b])
         deps = (dep_pos[da:db], dep_step[da:db] - a) if db > da else None
         levels.append((pos[a:b], pos_t[a:b], src[a:b], deps))
-    return PreparedSubstitution(plan, tuple(levels), plan.compressed_size, plan.nnz)
+    return PreparedSubstitution(tuple(levels), plan.compressed_size, plan.nnz)
 
 
 _PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

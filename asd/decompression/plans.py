@@ -124,11 +124,15 @@ class SubstitutionPlan(_Plan):
         """Whether the steps are sorted by level (``level_ptr`` and ``dep_step`` are given)."""
         return self.level_ptr is not None
 
-    @cached_property
+    @property
     def leveled(self) -> SubstitutionPlan:
         """The plan with its steps sorted by level (this plan where they are): built once."""
         if self.is_leveled:
-            return self
+            return self  # not cached on itself: that would be a reference cycle
+        return self._sorted_by_level
+
+    @cached_property
+    def _sorted_by_level(self) -> SubstitutionPlan:
         from asd.decompression._substitution_kernels import sort_steps_by_level
 
         steps = sort_steps_by_level(self.nnz, self.step_pos, self.step_pos_t, self.step_src, self.dep_ptr,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from functools import cached_property
 
 import numpy as np
@@ -75,8 +75,11 @@ class SparsityPattern:
     indices: np.ndarray
     input_shape: tuple[int, ...] | None = None
     output_shape: tuple[int, ...] | None = None
+    #: asd's own constructions of structures known canonical (a trace's sets, a transpose, a
+    #: validated input) skip the O(nnz) check below; every other construction pays it
+    _trusted: InitVar[bool] = False
 
-    def __post_init__(self):
+    def __post_init__(self, _trusted: bool = False):
         m, n = (int(s) for s in self.shape)
         object.__setattr__(self, "shape", (m, n))
         object.__setattr__(self, "indptr", _frozen(self.indptr))
@@ -89,6 +92,8 @@ class SparsityPattern:
         if int(np.prod(self.input_shape)) != n or int(np.prod(self.output_shape)) != m:
             raise InputError(f"input_shape {self.input_shape} / output_shape {self.output_shape} do not match "
                              f"the pattern's shape {(m, n)}")
+        if not _trusted:
+            _check_canonical(self.indptr, self.indices, n)
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -107,6 +112,7 @@ class SparsityPattern:
             raise InputError("pattern indptr must be non-decreasing from 0 to len(indices)")
         if not canonical:
             indptr, indices = _canonicalize(indptr, indices, (m, n))
+            return cls((m, n), indptr, indices, input_shape, output_shape, _trusted=True)
         return cls((m, n), indptr, indices, input_shape, output_shape)
 
     @classmethod
@@ -121,7 +127,7 @@ class SparsityPattern:
 
     @classmethod
     def empty(cls, shape, **shapes) -> "SparsityPattern":
-        return cls(shape, np.zeros(int(shape[0]) + 1, dtype=_I), np.zeros(0, dtype=_I), **shapes)
+        return cls(shape, np.zeros(int(shape[0]) + 1, dtype=_I), np.zeros(0, dtype=_I), **shapes, _trusted=True)
 
     # -- basic properties -------------------------------------------------------------------
     @property
@@ -154,12 +160,13 @@ class SparsityPattern:
             if symmetric:
                 mirror.setflags(write=False)
                 self.__dict__["is_symmetric"] = True
-                return SparsityPattern((n, m), self.indptr, self.indices, self.output_shape, self.input_shape), mirror
+                T = SparsityPattern((n, m), self.indptr, self.indices, self.output_shape, self.input_shape, _trusted=True)
+                return T, mirror
         # CSR -> CSC carrying each entry's position: linear time, rows sorted within columns
         indptr, indices, order = _csr_to_csc(m, n, self.indptr, self.indices)
         for a in (indptr, indices, order):  # fresh arrays of this function's own: frozen, not copied
             a.setflags(write=False)
-        T = SparsityPattern((n, m), indptr, indices, self.output_shape, self.input_shape)
+        T = SparsityPattern((n, m), indptr, indices, self.output_shape, self.input_shape, _trusted=True)
         return T, order
 
     @property
@@ -223,7 +230,7 @@ class SparsityPattern:
         """The same structure describing tensors of other (compatible) shapes."""
         return SparsityPattern(self.shape, self.indptr, self.indices,
                                self.input_shape if input_shape is None else input_shape,
-                               self.output_shape if output_shape is None else output_shape)
+                               self.output_shape if output_shape is None else output_shape, _trusted=True)
 
     def save(self, path) -> None:
         """Write the pattern to an ``.npz`` file (no pickle)."""
@@ -242,6 +249,26 @@ class SparsityPattern:
 
     def __repr__(self) -> str:
         return f"SparsityPattern(shape={self.shape}, nnz={self.nnz})"
+
+
+def _check_canonical(indptr: np.ndarray, indices: np.ndarray, n: int) -> None:
+    """Raise :class:`InputError` unless the row pointers never decrease and every row's columns are
+    strictly increasing within ``[0, n)`` (asd's kernels index with them unchecked)."""
+    nnz = indices.shape[0]
+    if indptr.shape[0] > 1 and (np.diff(indptr) < 0).any():
+        raise InputError("pattern indptr must be non-decreasing; build patterns of arbitrary CSR arrays with "
+                         "SparsityPattern.from_csr or asd.patterns.as_pattern")
+    if nnz and (int(indices.min()) < 0 or int(indices.max()) >= n):
+        raise InputError(f"pattern column indices must lie in [0, {n}), got range [{int(indices.min())}, "
+                         f"{int(indices.max())}]")
+    if nnz > 1:
+        rising = indices[1:] > indices[:-1]
+        starts = indptr[1:-1]
+        starts = starts[(starts > 0) & (starts < nnz)]
+        rising[starts - 1] = True  # a new row may start anywhere
+        if not rising.all():
+            raise InputError("pattern columns must be sorted and distinct within each row; build patterns of "
+                             "arbitrary CSR arrays with SparsityPattern.from_csr or asd.patterns.as_pattern")
 
 
 def _csr_to_csc_scipy(m: int, n: int, indptr, indices):

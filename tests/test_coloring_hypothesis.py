@@ -153,7 +153,12 @@ def test_the_transpose_and_its_positions_are_scipys(D):
 
 
 def test_the_mirror_kernel_refuses_malformed_structures_without_reading_past_them():
-    from asd._pattern_kernels import symmetric_mirror
+    from numba import njit
+
+    from asd import _pattern_kernels
+
+    # compiled with bounds checks: a read past the arrays raises here instead of reading garbage
+    symmetric_mirror = njit(boundscheck=True)(_pattern_kernels.symmetric_mirror.py_func)
 
     I = np.int64
     for indptr, indices in (([0, 3, 1, 2], [0, 0]),  # decreasing row pointers
@@ -164,3 +169,24 @@ def test_the_mirror_kernel_refuses_malformed_structures_without_reading_past_the
         assert not ok and mirror.size == 0
     mirror, ok = symmetric_mirror(np.array([0, 2, 3], dtype=I), np.array([0, 1, 0], dtype=I))
     assert ok and mirror.tolist() == [0, 2, 1]
+
+
+def test_a_pattern_built_directly_is_checked_before_any_kernel_reads_it():
+    """The constructor refuses row pointers that decrease, columns outside [0, n) and unsorted or
+    repeated columns (scipy's CSR -> CSC and asd's kernels index with them unchecked: such a
+    pattern crashed the process); from_csr and as_pattern accept any CSR arrays."""
+    import pytest
+
+    from asd.errors import InputError
+    from asd.patterns import SparsityPattern
+
+    I = np.int64
+    bad = [((3, 3), [0, 1, 2, 3], [0, 1, 10**9]), ((3, 3), [0, 1000000, 1, 2], [0, 0]),
+           ((2, 3), [0, 1, 2], [0, -1]), ((1, 3), [0, 2], [2, 1]), ((1, 3), [0, 2], [1, 1])]
+    for shape, indptr, indices in bad:
+        with pytest.raises(InputError):
+            SparsityPattern(shape, np.array(indptr, dtype=I), np.array(indices, dtype=I))
+    ok = SparsityPattern((2, 3), np.array([0, 2, 3], dtype=I), np.array([0, 2, 1], dtype=I))
+    assert ok.T.shape == (3, 2) and ok.T.nnz == 3
+    fixed = SparsityPattern.from_csr([0, 2], [2, 1], (1, 3))  # unsorted input, canonicalized
+    assert fixed.indices.tolist() == [1, 2]

@@ -210,11 +210,16 @@ def test_warmup_nan_where_the_batched_products_are_finite(f):
 
 
 def test_warmup_values_whose_sum_overflows_are_kept_finite():
-    """The warm-up's finiteness check sums the values: finite values whose sum overflows send the
-    call to the batched products, which give the same finite Hessian."""
+    """The warm-up's finiteness check sums the values (in float64): finite values whose sum
+    overflows send the call to the batched products, which give the same finite Hessian (a cost,
+    never a wrong value)."""
     f = lambda v: 0.5e308 * (v ** 2).sum()  # noqa: E731
     x = torch.ones(3, dtype=torch.float64)
     op = asd.prepare_hessian(f, x, check=False)
     assert op._warmup is not None
+    batched = []
+    real = op.backend.values
+    object.__setattr__(op.backend, "values", lambda *a, **k: batched.append(1) or real(*a, **k))  # frozen
     torch.testing.assert_close(op(x).to_dense(), torch.diag(torch.full((3,), 1e308, dtype=torch.float64)),
                                rtol=0, atol=0)
+    assert batched  # the warm-up's values were finite, but their sum was not: the batched products ran

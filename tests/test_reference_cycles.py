@@ -106,7 +106,9 @@ def test_a_rebound_operator_reads_its_own_call_arguments(no_gc):
     x = torch.rand(20, dtype=torch.float64)
     op = asd.prepare_hessian(_scaled, x, args=(2.0,))
     new = op.rebind(lambda z, a, *, b=1.0: _scaled(z, a, b=b))
+    assert new._args is not op._args
     H_new = new(x, 5.0).to_dense()
+    assert op._call_args == ((2.0,), {})  # the new operator's call did not reach the old one's box
     H_old = op(x).to_dense()
     torch.testing.assert_close(H_old, torch.func.hessian(lambda z: _scaled(z, 2.0))(x))
     torch.testing.assert_close(H_new, torch.func.hessian(lambda z: _scaled(z, 5.0))(x))

@@ -258,3 +258,45 @@ def test_the_plan_kernels_give_the_same_steps_with_int32_and_int64_scratch():
         out.append(steps)
     for a, b in zip(*out):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_plan_built_by_hand_is_checked_before_a_kernel_reads_it():
+    """The CPU kernel and the level sort read a plan unchecked: a plan built by hand with indices
+    out of range, arrays of mismatched lengths, or a dependency not written before it is read
+    (an uninitialized entry) raises DecompressionError; the library's own plans are not re-checked."""
+    from dataclasses import replace
+
+    from asd.decompression.plans import SubstitutionPlan
+
+    res, v, B = _case(n=50, seed=9)
+    plan, L = res.plan, res.plan.leveled
+    assert replace(plan).decompress(B) is not None and replace(L).decompress(B) is not None  # valid ones pass
+    I = np.int64
+    bad = [
+        dict(step_pos_t=plan.step_pos_t[:1]),  # lengths differ
+        dict(step_pos=np.where(np.arange(len(plan.step_pos)) == 3, plan.nnz, plan.step_pos)),
+        dict(step_src=np.where(np.arange(len(plan.step_src)) == 0, plan.compressed_size, plan.step_src)),
+        dict(dep_pos=np.full_like(plan.dep_pos, -1)),
+        dict(dep_ptr=np.concatenate([[0], plan.dep_ptr[1:] + 1])),
+    ]
+    for change in bad:
+        with pytest.raises(DecompressionError):
+            replace(plan, **change)
+        with pytest.raises(DecompressionError):
+            replace(L, **change)
+    with pytest.raises(DecompressionError):
+        SubstitutionPlan((1, 3), 3, np.array([0, 1, 2], I), np.array([0], I), np.array([0, 1, 2], I),
+                         np.array([0, 0], I), np.zeros(0, I))  # the reviewer's: lengths 3, 1, 3 and 2
+    # the steps reversed: a step reads entries that later steps write
+    k = int(np.flatnonzero(np.diff(plan.dep_ptr) > 0)[0])  # a step with a dependency
+    order = np.r_[k, np.delete(np.arange(len(plan.step_pos)), k)]
+    deps = [plan.dep_pos[plan.dep_ptr[s]:plan.dep_ptr[s + 1]] for s in order]
+    with pytest.raises(DecompressionError, match="earlier step"):
+        SubstitutionPlan(plan.compressed_shape, plan.nnz, plan.step_pos[order], plan.step_pos_t[order],
+                         plan.step_src[order], np.r_[0, np.cumsum([len(d) for d in deps])].astype(I),
+                         np.concatenate(deps).astype(I))
+    # a leveled plan with every step in one level: dependencies of the same level
+    with pytest.raises(DecompressionError, match="earlier level"):
+        replace(L, level_ptr=np.array([0, len(L.step_pos)], I))
+    with pytest.raises(DecompressionError, match="dep_step"):
+        replace(L, dep_step=np.zeros_like(L.dep_step) + len(L.step_pos) + 5)

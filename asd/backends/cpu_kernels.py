@@ -209,8 +209,10 @@ def gathers_as_take(gm: GraphModule, args: list, constants) -> int:
     floating CPU tensor and whose ``index`` is the graph's input at one of the positions
     ``constants`` (inputs nothing else writes, read without bounds checks at every call), a
     contiguous int64 CPU tensor in range of ``src``: it becomes :func:`take`. Reads the nodes'
-    ``meta["val"]`` (:func:`with_meta`), so ``args`` must be CPU tensors; returns the number of
-    gathers rewritten."""
+    ``meta["val"]`` (:func:`with_meta`); a graph with an input off the CPU is left alone. Returns
+    the number of gathers rewritten."""
+    if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args):
+        return 0  # the values recorded are meta tensors: the graph's device is its inputs'
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     done = 0
     for node in gm.graph.nodes:
@@ -221,9 +223,9 @@ def gathers_as_take(gm: GraphModule, args: list, constants) -> int:
         if not (isinstance(index, Node) and index in placeholders and placeholders.index(index) in constants):
             continue
         idx, sv = args[placeholders.index(index)], _val(src)
-        if (sv is None or sv.dim() != 1 or sv.dtype not in (torch.float32, torch.float64) or sv.device.type not in
-                ("cpu", "meta") or not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.dim() != 1
-                or not idx.is_contiguous() or idx.device.type != "cpu"):
+        if (sv is None or sv.dim() != 1 or sv.dtype not in (torch.float32, torch.float64)
+                or not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.dim() != 1
+                or not idx.is_contiguous()):
             continue
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= sv.shape[0]):
             continue

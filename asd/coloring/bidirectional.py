@@ -84,7 +84,7 @@ def _rows_pattern(pattern, sel):
     sptr = np.zeros(sel.shape[0] + 1, dtype=np.int64)
     np.cumsum(deg, out=sptr[1:])
     src = np.repeat(ptr[sel] - sptr[:-1], deg) + np.arange(int(sptr[-1]), dtype=np.int64)
-    return SparsityPattern((sel.shape[0], pattern.shape[1]), sptr, idx[src])
+    return SparsityPattern((sel.shape[0], pattern.shape[1]), sptr, idx[src], _trusted=True)  # rows of a pattern
 
 
 def _compact(colors, used):

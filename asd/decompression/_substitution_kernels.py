@@ -264,3 +264,53 @@ def sort_steps_by_level(nnz, step_pos, step_pos_t, step_src, dep_ptr, dep_pos):
             o_step[q] = w
             q += 1
     return o_pos, o_pos_t, o_src, o_ptr, o_dep, o_step, level_ptr
+
+
+@njit(cache=True)
+def plan_error(nnz, size, step_pos, step_pos_t, step_src, dep_ptr, dep_pos, dep_step, level_ptr, leveled):
+    """What is wrong with a plan built by hand (the kernels read it unchecked), or ``""``: the
+    indices out of range, or a dependency not written before the step reading it (by an earlier
+    step of a sequential plan, an earlier level of a leveled one). The arrays' lengths are checked
+    by the caller."""
+    ns = step_pos.shape[0]
+    nd = dep_pos.shape[0]
+    if dep_ptr[0] != 0 or dep_ptr[ns] != nd:
+        return "dep_ptr must run from 0 to the number of dependencies"
+    for k in range(ns):
+        if dep_ptr[k + 1] < dep_ptr[k]:
+            return "dep_ptr must not decrease"
+        if not (0 <= step_pos[k] < nnz and 0 <= step_pos_t[k] < nnz):
+            return "a step's position is outside the entries"
+        if not 0 <= step_src[k] < size:
+            return "a step reads outside the compressed buffer"
+    for d in range(nd):
+        if not 0 <= dep_pos[d] < nnz:
+            return "a dependency is outside the entries"
+    # when (in steps or levels) every entry is written: a dependency must be written before
+    written = np.full(nnz, -1, dtype=np.int64)
+    if leveled:
+        nlev = level_ptr.shape[0] - 1
+        if level_ptr[0] != 0 or level_ptr[nlev] != ns:
+            return "level_ptr must run from 0 to the number of steps"
+        for lv in range(nlev):
+            if level_ptr[lv + 1] < level_ptr[lv]:
+                return "level_ptr must not decrease"
+        for lv in range(nlev):
+            for k in range(level_ptr[lv], level_ptr[lv + 1]):
+                for d in range(dep_ptr[k], dep_ptr[k + 1]):
+                    if dep_step[d] != k:
+                        return "dep_step must name the step each dependency belongs to"
+                    w = written[dep_pos[d]]
+                    if w < 0 or w >= lv:
+                        return "a dependency is not written by an earlier level"
+            for k in range(level_ptr[lv], level_ptr[lv + 1]):
+                written[step_pos[k]] = lv
+                written[step_pos_t[k]] = lv
+    else:
+        for k in range(ns):
+            for d in range(dep_ptr[k], dep_ptr[k + 1]):
+                if written[dep_pos[d]] < 0:
+                    return "a dependency is not written by an earlier step"
+            written[step_pos[k]] = k
+            written[step_pos_t[k]] = k
+    return ""

@@ -108,6 +108,30 @@ class SubstitutionPlan(_Plan):
         for name in ("step_pos", "step_pos_t", "step_src", "dep_ptr", "dep_pos", "dep_step", "level_ptr"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _ro(getattr(self, name)))
+        self._validate()
+
+    def _validate(self) -> None:
+        """Raise :class:`DecompressionError` unless the plan is one the kernels can read unchecked
+        (a plan built by hand; the library's own are made by :meth:`_of_sealed`)."""
+        ns = self.step_pos.shape[0]
+        arrays = [self.step_pos, self.step_pos_t, self.step_src, self.dep_ptr, self.dep_pos]
+        if self.is_leveled:
+            arrays += [self.dep_step, self.level_ptr]
+        if any(a.ndim != 1 for a in arrays):
+            raise DecompressionError("a substitution plan's arrays must be 1-D")
+        if not (self.step_pos_t.shape[0] == self.step_src.shape[0] == ns and self.dep_ptr.shape[0] == ns + 1):
+            raise DecompressionError("a substitution plan needs step_pos, step_pos_t and step_src of one length and "
+                                     "dep_ptr one longer")
+        if self.is_leveled and (self.dep_step.shape[0] != self.dep_pos.shape[0] or self.level_ptr.shape[0] < 1):
+            raise DecompressionError("a leveled substitution plan needs dep_step as long as dep_pos and a level_ptr")
+        from asd.decompression._substitution_kernels import plan_error
+
+        empty = np.zeros(1, dtype=_I)
+        why = plan_error(int(self.nnz), int(self.compressed_size), self.step_pos, self.step_pos_t, self.step_src,
+                         self.dep_ptr, self.dep_pos, self.dep_step if self.is_leveled else empty,
+                         self.level_ptr if self.is_leveled else empty, self.is_leveled)
+        if why:
+            raise DecompressionError(f"malformed substitution plan: {why}")
 
     @classmethod
     def _of_sealed(cls, *values) -> SubstitutionPlan:

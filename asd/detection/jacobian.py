@@ -80,7 +80,7 @@ def pattern_of_sets(sets: sp.csr_matrix, input_shape=None, output_shape=None) ->
         a = np.ascontiguousarray(a, dtype=np.int64)
         a.setflags(write=False)
         arrays.append(a)
-    return SparsityPattern(sets.shape, arrays[0], arrays[1], input_shape, output_shape)
+    return SparsityPattern(sets.shape, arrays[0], arrays[1], input_shape, output_shape, _trusted=True)
 
 
 def _column_block(rows: int, offset: int, n: int) -> sp.csr_matrix:

@@ -64,6 +64,7 @@ def _(plan: Substitution):
 def substitution_arrays(plan: Substitution) -> tuple[tuple, int, int]:
     """Device-independent arrays of the level-by-level substitution, padded so that every level
     reads fixed-size windows, and the window sizes (steps, dependencies)."""
+    plan = plan.leveled
     lp, dp = plan.level_ptr, plan.dep_ptr
     width = int(np.diff(lp).max(initial=0)) or 1
     dwidth = int((dp[lp[1:]] - dp[lp[:-1]]).max(initial=0)) or 1

@@ -238,10 +238,11 @@ SCAN_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torc
                torch.uint8, torch.bool, torch.complex64, torch.complex128]
 
 
+@pytest.mark.slow  # 40 s; the default suite samples the same space (test_any_pointwise_op_matches_meta)
 def test_every_pointwise_op_and_dtype_combination_matches_meta():
     """Every pointwise overload with every (pair of) operand dtypes, a 0-dim first operand or not,
     and Python scalars of each kind: where the meta kernel answers, the fast path answers the same
-    or declines; where it raises, the fast path declines."""
+    or declines; where it raises, the fast path declines. (``make test-all`` runs it.)"""
     import itertools
 
     answered = 0

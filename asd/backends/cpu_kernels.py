@@ -143,6 +143,24 @@ def split_padded_sums(gm: GraphModule) -> int:
     return done
 
 
+def _takeable_index(src, index, placeholders: list, args: list, constants) -> torch.Tensor | None:
+    """The index tensor that :func:`take` may read unchecked for a gather of ``src`` by ``index``
+    (nodes of a graph whose placeholders are ``placeholders`` and example inputs ``args``): the
+    input at one of the positions ``constants`` (inputs nothing else writes), a contiguous 1-D
+    int64 CPU tensor in range of a 1-D floating ``src`` (its ``meta["val"]``); else ``None``."""
+    if not (isinstance(src, Node) and isinstance(index, Node) and index in placeholders
+            and placeholders.index(index) in constants):
+        return None
+    idx, sv = args[placeholders.index(index)], _val(src)
+    if (sv is None or sv.dim() != 1 or sv.dtype not in (torch.float32, torch.float64)
+            or not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.dim() != 1
+            or not idx.is_contiguous() or idx.device.type != "cpu"):
+        return None
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= sv.shape[0]):
+        return None
+    return idx
+
+
 def split_final_gather(gm: GraphModule, args: list, constants) -> tuple[GraphModule, torch.Tensor] | None:
     """``(products_gm, index)`` where ``gm`` returns ``flat[index]`` of a 1-D floating ``flat`` and
     an ``index`` that is the graph's input at one of the positions ``constants`` (inputs nothing
@@ -167,17 +185,8 @@ def split_final_gather(gm: GraphModule, args: list, constants) -> tuple[GraphMod
     else:
         return None
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if not (isinstance(index, Node) and index in placeholders and isinstance(flat, Node)):
-        return None
-    if placeholders.index(index) not in constants:
-        return None
-    idx = args[placeholders.index(index)]
-    fv = _val(flat)
-    if (fv is None or fv.dim() != 1 or fv.dtype not in (torch.float32, torch.float64)
-            or not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.dim() != 1
-            or not idx.is_contiguous() or idx.device.type != "cpu"):
-        return None
-    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= fv.shape[0]):
+    idx = _takeable_index(flat, index, placeholders, args, constants)
+    if idx is None:
         return None
     graph = torch.fx.Graph()
     env: dict = {}
@@ -220,14 +229,7 @@ def gathers_as_take(gm: GraphModule, args: list, constants) -> int:
                 and not node.kwargs and node.args[1] == 0):
             continue
         src, index = node.args[0], node.args[2]
-        if not (isinstance(index, Node) and index in placeholders and placeholders.index(index) in constants):
-            continue
-        idx, sv = args[placeholders.index(index)], _val(src)
-        if (sv is None or sv.dim() != 1 or sv.dtype not in (torch.float32, torch.float64)
-                or not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.dim() != 1
-                or not idx.is_contiguous()):
-            continue
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= sv.shape[0]):
+        if _takeable_index(src, index, placeholders, args, constants) is None:
             continue
         node.target = take
         node.args = (src, index)
@@ -238,7 +240,7 @@ def gathers_as_take(gm: GraphModule, args: list, constants) -> int:
 
 
 def take(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``flat[index]`` for an ``index`` checked in range by :func:`split_final_gather` (a ``flat``
+    """``flat[index]`` for an ``index`` checked in range by :func:`_takeable_index` (a ``flat``
     that records a gradient is gathered by ``index_select``, which keeps it)."""
     if flat.requires_grad and torch.is_grad_enabled():
         return flat.index_select(0, index)

@@ -130,8 +130,11 @@ def run_world(world: int, cases, policy: Policy, threads: int, folder: str) -> d
 
 def main(argv=None) -> dict:
     p = harness.arguments("distributed", __doc__)
-    p.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4], help="process counts (default 1 2 4)")
+    p.add_argument("--worlds", type=int, nargs="+", default=None,
+                   help="process counts (default 1 2 4; 2 under --quick)")
     a = harness.parse(p, argv)
+    if a.worlds is None:
+        a.worlds = [2] if a.quick else [1, 2, 4]
     torch.set_num_threads(a.threads)
     s = Session.from_args(a)
     cases = problems(a.quick)

@@ -25,10 +25,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
+def private_cache(tmp_path, monkeypatch, request):
     monkeypatch.setenv("ASD_CACHE_DIR", str(tmp_path / "asd-cache"))
     monkeypatch.setattr(compile_cache, "_MEMORY", {})
+    if request.node.get_closest_marker("aoti") is None:
+        # Inductor's own artifacts: the same graphs, keys, guards and checks, without AOTInductor's
+        # C++ wrapper (about 15 s of g++ per graph here). Tests marked aoti compile packages, the CPU
+        # default, where the package format is what they check.
+        monkeypatch.setattr(compile_cache, "AOTI", False)
     return tmp_path / "asd-cache" / "compiled"
+
+
+AOTI = pytest.mark.aoti
 
 
 def _tracing(op):
@@ -68,6 +76,7 @@ JACOBIANS = [pytest.param("stencil", _stencil, "forward", id="stencil", marks=_S
              pytest.param("brusselator", brusselator(6), "forward", id="brusselator")]
 
 
+@AOTI
 @pytest.mark.parametrize("name,f,mode", JACOBIANS)
 def test_compiled_jacobians_equal_dense_ad(name, f, mode):
     x = torch.randn(72 if name == "brusselator" else 36, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -83,6 +92,7 @@ def test_compiled_jacobians_equal_dense_ad(name, f, mode):
 
 # star in the default suite: its products go through both CPU rewrites (padded sums as segments, the
 # gather after the kernels); acyclic (the same products, then substitution) under -m slow
+@AOTI
 @pytest.mark.parametrize("coloring", ["star", pytest.param("acyclic", marks=_SLOW)])
 def test_compiled_hessians_equal_dense_ad(coloring):
     x = torch.rand(30, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
@@ -237,10 +247,12 @@ def test_keys_follow_the_graph_and_the_inputs():
     assert compile_cache.graph_key(gm, [strided]) != compile_cache.graph_key(gm, inputs)
 
 
+@AOTI
 def test_artifacts_are_saved_loaded_and_checked(private_cache):
     gm, inputs = _graph()
     first = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
     assert first.source == "compiled" and os.path.isfile(first.path)
+    assert first.path.endswith(".pt2" if compile_cache._aoti_available() else ".bin")
     compile_cache._MEMORY.clear()
     second = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
     assert second.source == "loaded" and second.key == first.key
@@ -249,11 +261,17 @@ def test_artifacts_are_saved_loaded_and_checked(private_cache):
     assert compile_cache.compile_graph(gm, inputs).source == "memory"
 
 
+@AOTI
 @pytest.mark.parametrize("damage", ["garbage", pytest.param("truncated", marks=_SLOW), pytest.param("empty", marks=_SLOW)])
 def test_a_corrupt_artifact_is_compiled_again(private_cache, damage):
     gm, inputs = _graph(scale=1.25)
-    path = compile_cache.compile_graph(gm, inputs).path
-    data = open(path, "rb").read()
+    if damage == "truncated":
+        path = compile_cache.compile_graph(gm, inputs).path
+        data = open(path, "rb").read()
+    else:  # no good artifact needed first: the file the key names holds the damage
+        private_cache.mkdir(parents=True)
+        ext = ".pt2" if compile_cache._aoti_available() else ".bin"
+        path, data = str(private_cache / f"{compile_cache.graph_key(gm, inputs)}{ext}"), b""
     with open(path, "wb") as fh:
         fh.write({"garbage": b"not an artifact" * 10, "truncated": data[: len(data) // 2], "empty": b""}[damage])
     compile_cache._MEMORY.clear()
@@ -337,6 +355,45 @@ def test_inductor_artifacts_where_aotinductor_is_off(private_cache, monkeypatch)
     assert second.source == "loaded"
     torch.testing.assert_close(second(*inputs), gm(*inputs))
 
+
+
+def test_inductor_artifacts_of_a_graph_reading_storage_offsets_are_compiled_afresh(private_cache):
+    """Inductor's FX-graph and AOTAutograd caches key inputs by shape and strides, not storage
+    offset: the kernels of ``as_strided(w, ..., 0)`` compiled for ``w`` at offset 0 were served to
+    the same graph with ``w`` at offset 2, and read the wrong window (a wrong Jacobian, silently)."""
+    buf = torch.rand(16, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
+    fn = lambda w: torch.as_strided(w, (6,), (1,), 0) * 2.0 + w  # noqa: E731
+    gm = make_fx(fn)(buf[0:6])
+    assert compile_cache.reads_storage_offsets(gm) and not compile_cache.reads_storage_offsets(_graph()[0])
+    for start in (0, 2, 5):
+        w = buf[start:start + 6]
+        c = compile_cache.compile_graph(gm, [w], expected=gm(w))
+        assert c.source == "compiled" and c.path is None and "caches off" in c.note
+        torch.testing.assert_close(c(w), fn(w), rtol=0, atol=0)
+
+
+def test_an_inductor_kernel_computing_something_else_is_compiled_afresh(private_cache, monkeypatch):
+    """A freshly compiled Inductor artifact must reproduce the graph on the example inputs, as a
+    loaded one must: one served wrong by Inductor's caches is compiled again with them off, and
+    one that is still wrong raises (the operator then falls back to its uncompiled products)."""
+    gm, inputs = _graph(scale=0.25)
+    real = compile_cache._inductor
+    calls = []
+
+    def wrong_from_cache(gm, example_inputs, caches=True):
+        calls.append(caches)
+        art = real(gm, example_inputs, caches=caches)
+        return (lambda *a: art(*a) + 1.0) if caches else art
+
+    monkeypatch.setattr(compile_cache, "_inductor", wrong_from_cache)
+    c = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
+    assert calls == [True, False] and "computed something else" in c.note and c.path is None
+    torch.testing.assert_close(c(*inputs), gm(*inputs), rtol=0, atol=0)
+    compile_cache._MEMORY.clear()
+    monkeypatch.setattr(compile_cache, "_inductor",
+                        lambda gm, ex, caches=True: (lambda art: (lambda *a: art(*a) + 1.0))(real(gm, ex, caches=caches)))
+    with pytest.raises(RuntimeError, match="something else"):
+        compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
 
 # -- recording without make_fx ----------------------------------------------------------------------
 

@@ -19,12 +19,16 @@ the example inputs differs from the graph's own, is compiled again (and replaced
 The cache lives in ``$ASD_CACHE_DIR/compiled`` (default ``~/.cache/asd/compiled``, or under
 ``$XDG_CACHE_HOME``); ``ASD_CACHE_DIR=""`` turns it off. It keeps at most ``$ASD_CACHE_MAX_MB``
 megabytes (default 2048; an artifact is about 1.5 MB), evicting the least recently used.
-Inductor's own caches stay where ``TORCHINDUCTOR_CACHE_DIR`` puts them.
+Inductor's own caches stay where ``TORCHINDUCTOR_CACHE_DIR`` puts them. Their keys hold the
+inputs' shapes and strides but not their storage offsets, so a graph that reads storage offsets
+(``as_strided``) is compiled by Inductor with them off, and a freshly compiled Inductor artifact
+must reproduce the graph's result as a loaded one must.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -215,11 +219,47 @@ def _first(out):
     return out[0] if isinstance(out, (list, tuple)) and len(out) == 1 else out
 
 
-def _inductor(gm: torch.fx.GraphModule, example_inputs):
-    """``torch._inductor.standalone_compile`` of the graph (static shapes)."""
+_OFFSET_OPS = ("as_strided", "as_strided_", "as_strided_scatter", "as_strided_copy")
+
+
+def reads_storage_offsets(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` applies an op that counts from its input's storage rather than from its
+    first element (``as_strided`` and kin): its kernels depend on the inputs' storage offsets."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            if n.target.overloadpacket.__name__ in _OFFSET_OPS:
+                return True
+    return False
+
+
+class _QuietSave(logging.Filter):
+    """Drops Inductor's notice that an artifact compiled with its caches off cannot be saved."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "artifact generation failed" not in record.getMessage()
+
+
+def _inductor(gm: torch.fx.GraphModule, example_inputs, *, caches: bool = True):
+    """``torch._inductor.standalone_compile`` of the graph (static shapes). ``caches=False``:
+    generated afresh, with Inductor's FX-graph and AOTAutograd caches off (their keys hold the
+    inputs' shapes and strides, not their storage offsets: for a graph that reads storage offsets
+    they can serve kernels compiled for another offset, which read other elements). Such an
+    artifact cannot be saved."""
     from torch._inductor import standalone_compile
 
-    return standalone_compile(gm, list(example_inputs), dynamic_shapes="from_example_inputs")
+    if caches:
+        return standalone_compile(gm, list(example_inputs), dynamic_shapes="from_example_inputs")
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    logger, quiet = logging.getLogger("torch._inductor.standalone_compile"), _QuietSave()
+    logger.addFilter(quiet)
+    try:
+        with inductor_config.patch(force_disable_caches=True, fx_graph_cache=False), \
+                functorch_config.patch(enable_autograd_cache=False):
+            return standalone_compile(gm, list(example_inputs), dynamic_shapes="from_example_inputs")
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _load(path: str):
@@ -410,9 +450,19 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     if fn is None:
-        artifact = _inductor(gm, example_inputs)
+        fresh = "the graph reads storage offsets" if reads_storage_offsets(gm) else None
+        artifact = _inductor(gm, example_inputs, caches=fresh is None)
         fn = _fast(_callable(artifact), example_inputs)
-        if folder:
+        if expected is not None and fresh is None and not _close(fn(*example_inputs), expected):
+            # served from Inductor's caches under a key that misses something this graph depends on
+            fresh = "Inductor's cached kernels computed something else"
+            artifact = _inductor(gm, example_inputs, caches=False)
+            fn = _fast(_callable(artifact), example_inputs)
+        if expected is not None and not _close(fn(*example_inputs), expected):
+            raise RuntimeError("Inductor's compiled graph computes something else than the graph")
+        if fresh is not None:
+            notes.append(f"compiled with Inductor's caches off ({fresh}): not saved")
+        elif folder:
             try:
                 os.makedirs(folder, exist_ok=True)
                 path = os.path.join(folder, f"{key}.bin")

@@ -15,7 +15,7 @@ from .api import (clear_cache, gradient_and_hessian, prepare_hessian, prepare_ja
 from .coloring import Coloring, color
 from .detection import hessian_sparsity, jacobian_sparsity
 from .detection.verify import VerifyReport, verify
-from .errors import (ADGapWarning, AsdError, CheckError, ColoringError, ConvergenceWarning, DecompressionError, HostFallbackWarning,
+from .errors import (ADGapError, ADGapWarning, AsdError, CheckError, ColoringError, ConvergenceWarning, DecompressionError, HostFallbackWarning,
                      InputError, StalePatternWarning, TracingError, TransformUnsupported, UnsupportedOpError,
                      UnsupportedOpWarning)
 from .operators import SparseHessian, SparseJacobian
@@ -26,7 +26,7 @@ from . import distributions, linalg  # noqa: E402  (sparsity-preserving sparse l
 __version__ = "0.1.0"
 
 __all__ = [
-    "SparsityPattern", "ADGapWarning", "CheckError", "StalePatternWarning", "TransformUnsupported", "HostFallbackWarning",
+    "SparsityPattern", "ADGapError", "ADGapWarning", "CheckError", "StalePatternWarning", "TransformUnsupported", "HostFallbackWarning",
     "jacobian_sparsity", "hessian_sparsity", "verify", "VerifyReport", "color", "Coloring", "sparse_jacobian", "prepare_jacobian",
     "SparseJacobian", "sparse_hessian", "prepare_hessian", "SparseHessian", "gradient_and_hessian",
     "clear_cache", "to_scipy", "to_cupy", "AsdError", "TracingError", "UnsupportedOpError", "UnsupportedOpWarning",

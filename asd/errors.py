@@ -52,6 +52,11 @@ class TransformUnsupported(InputError):
     inside it, randomness under ``vmap``, in-place updates of captured tensors, ...)."""
 
 
+class ADGapError(AsdError):
+    """No AD mode of PyTorch gives the function's derivative: one of its ops has a derivative
+    formula known to be wrong in every mode (:data:`asd.detection.ad_gaps.EVERY_MODE`)."""
+
+
 class ADGapWarning(UserWarning):
     """An explicitly chosen AD mode would meet a PyTorch derivative formula known to be wrong (or a
     ``no_grad`` region or ``autograd`` call that the mode cannot follow) for this function; asd

@@ -28,7 +28,7 @@ from .cache import ValueGuard, fingerprint
 from .checks import CheckReport, checks_forced, probe
 from .backends.autograd_loop import AutogradLoop
 from .detection.ad_gaps import unsafe_modes
-from .errors import ADGapWarning, AsdError, CheckError, InputError, TransformUnsupported
+from .errors import ADGapError, ADGapWarning, AsdError, CheckError, InputError, TransformUnsupported
 from .guards import ModuleStateGuard
 from .memory import auto_batch_size
 from .options import check_batch_size, check_bool, check_choice, check_compile
@@ -273,6 +273,10 @@ class _SparseOperator:
                 except Exception:  # noqa: BLE001 - not traceable: the modes stay unknown
                     self.trace_info = None
         self.unsafe = unsafe_modes(self.trace_info)
+        if "reverse" in self.unsafe:
+            raise ADGapError(f"asd: {self.unsafe['reverse']}, so no evaluation of this function's derivative "
+                             "would be right; asd refuses rather than return a wrong matrix. Write that step "
+                             "with ordinary indexing (slices, index_put_, scatter) on the tensor itself.")
         self.timings["detection"] = time.perf_counter() - t0
 
     def _choose_coloring(self, choose: Callable):

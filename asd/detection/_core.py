@@ -75,6 +75,16 @@ def is_differentiable_dtype(dtype: torch.dtype) -> bool:
     return dtype in FLOATING
 
 
+def storage_positions(shape, stride, offset) -> np.ndarray:
+    """The storage position of every element (row-major) of a tensor of ``shape`` and ``stride``
+    whose first element is at ``offset``: where ``as_strided`` and kin read and write."""
+    pos = np.full((), int(offset or 0), dtype=np.int64)
+    nd = len(shape)
+    for d, (size, step) in enumerate(zip(shape, stride)):
+        pos = pos + (np.arange(int(size), dtype=np.int64) * int(step)).reshape([-1 if i == d else 1 for i in range(nd)])
+    return np.broadcast_to(pos, tuple(int(v) for v in shape)).reshape(-1)
+
+
 class Storage:
     """Index sets (and the primal base tensor) shared by a base tensor and all its views."""
 

@@ -20,7 +20,9 @@ The modes are the AD building blocks of the evaluation backends:
 ``forward_over_reverse``
     ``jvp`` of ``grad`` (the default HVP flavour).
 
-Plain, unbatched reverse mode (the autograd-loop backend) needs none of them.
+Plain, unbatched reverse mode (the autograd-loop backend) needs none of them. An entry whose modes
+include ``reverse`` (plain reverse mode, and with it every other mode: :data:`EVERY_MODE`) leaves no
+evaluation that PyTorch gets right: prepared operators refuse such a function with an error.
 """
 
 from __future__ import annotations
@@ -28,12 +30,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
-__all__ = ["MODES", "Gap", "GAPS", "gaps_of", "unsafe_modes"]
+from ._core import storage_positions
+
+__all__ = ["MODES", "EVERY_MODE", "Gap", "GAPS", "gaps_of", "unsafe_modes"]
 
 
 MODES = ("forward", "batched_reverse", "reverse_over_forward", "forward_over_reverse")
+#: a formula PyTorch gets wrong in plain reverse mode as well: no mode gives the derivative
+EVERY_MODE = frozenset({*MODES, "reverse"})
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,30 @@ def _padded(bound: dict) -> bool:
     return padding_idx is not None and padding_idx >= 0
 
 
+def _carries_sets(t) -> bool:
+    sets = getattr(t, "sets", None)  # a traced tensor: constants carry empty sets
+    return sets is not None and getattr(sets, "nnz", 0) > 0
+
+
+def _window_leaves_input(bound: dict) -> bool:
+    """``as_strided(self, size, stride, storage_offset)`` reads a storage position that is none of
+    ``self``'s elements (before a view's first element, after its last, between its strides)."""
+    x = bound.get("self")
+    if not isinstance(x, torch.Tensor) or not _carries_sets(x):
+        return False
+    own = storage_positions(x.shape, x.stride(), x.storage_offset())
+    offset = bound.get("storage_offset")
+    window = storage_positions(bound["size"], bound["stride"], x.storage_offset() if offset is None else offset)
+    return bool(window.size) and not np.isin(window, own).all()
+
+
+def _input_traced(bound: dict) -> bool:
+    return _carries_sets(bound.get("self"))
+
+
 _ROF = "PyTorch's double backward of {} through a JVP (grad of jvp) is wrong"
+_STRIDED = ("PyTorch's derivative of {} reading storage outside its input's elements (a view's offset "
+            "or strides) is wrong in every AD mode")
 
 # keyed by the qualified name of the op packet: some namespaces (torch_nn) register their ops late
 GAPS: dict = {
@@ -83,6 +113,12 @@ GAPS: dict = {
                             "does not", _padded),),
     # eigh reads one triangle; its backward is symmetrized, its JVP is not: the two modes disagree
     # on non-symmetric perturbations (found by tests/test_opinfo_evaluation.py); asd follows reverse
+    # found with finite differences (tests/test_strided_storage.py): plain reverse mode is wrong too
+    **{f"aten::{name}": (Gap(name, EVERY_MODE, _STRIDED.format(name), _window_leaves_input),)
+       for name in ("as_strided", "as_strided_", "as_strided_copy")},
+    "aten::as_strided_scatter": (Gap("as_strided_scatter", EVERY_MODE,
+                                     "PyTorch's derivative of as_strided_scatter with respect to its input is "
+                                     "wrong in every AD mode", _input_traced),),
     "aten::_linalg_eigh": (Gap("linalg_eigh", frozenset({"forward"}),
                                "PyTorch's forward- and reverse-mode derivatives of eigh disagree (the reverse "
                                "one is symmetrized)"),),

@@ -25,7 +25,7 @@ from . import sets as S
 from ._core import Call, Storage, TracedTensor, bind, is_differentiable_dtype, pop_tracer, push_tracer
 from .ad_gaps import GAPS, gaps_of
 from .rules.fallback import conservative
-from .rules.movement import view_ids
+from .rules.movement import storage_view_rows, view_ids
 from .table import aten_ops, lookup
 
 __all__ = ["TraceInfo", "Tracer", "trace"]
@@ -759,7 +759,8 @@ class Tracer:
         traced = [a for a in flat if isinstance(a, TracedTensor)]
         if traced:
             self.ops_seen.add(func)
-            if facts.qualname in GAPS:
+            # an op inside another's decomposition is not what AD differentiates: the outer op's formula is
+            if facts.qualname in GAPS and not self._decomposing:
                 gaps = gaps_of(func, lambda: bind(func, args, kwargs))
                 if gaps:
                     self.gaps.update(gaps)
@@ -1001,6 +1002,9 @@ class Tracer:
 
         j = aliases[0][0]
         base = b_args[j]
+        rows = storage_view_rows(call, base)
+        if rows is not None:  # as_strided: positions in the storage, wherever the base starts
+            return self._view(base, call.outs[0], rows, of_storage=True)
         ids_list = view_ids(call, base)
         if ids_list is None:  # no id map: treat as a conservative copy
             out_sets = self._run_rule(call)
@@ -1013,7 +1017,8 @@ class Tracer:
 
     def _inplace_view(self, call: Call, target: TracedTensor) -> TracedTensor:
         """``squeeze_``, ``t_``, ``transpose_``...: the same tensor, with new metadata and element map."""
-        ids_list = view_ids(call, target)
+        rows = storage_view_rows(call, target)
+        ids_list = [rows] if rows is not None else view_ids(call, target)
         if ids_list is None:
             raise TracingError(f"{call.func} changes a traced tensor's shape in place in a way asd cannot "
                                "follow; use the out-of-place variant (e.g. x = x.squeeze(0))")
@@ -1029,7 +1034,7 @@ class Tracer:
             finally:
                 torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
         ids = ids_list[0]
-        idx = ids if target._idx is None else target._idx[ids]
+        idx = ids if target._idx is None or rows is not None else target._idx[ids]
         if len(idx) == target._storage.sets.shape[0] and np.array_equal(idx, np.arange(len(idx))):
             idx = None
         target._idx = idx
@@ -1039,8 +1044,10 @@ class Tracer:
         target._epoch = target._storage.epoch
         return target
 
-    def _view(self, base: TracedTensor, primal: torch.Tensor, ids: np.ndarray) -> TracedTensor:
-        idx = ids if base._idx is None else base._idx[ids]
+    def _view(self, base: TracedTensor, primal: torch.Tensor, ids: np.ndarray, of_storage: bool = False) -> TracedTensor:
+        """A view of ``base``: element ``k`` is ``base``'s element ``ids[k]`` (``of_storage``: the
+        storage's element ``ids[k]``)."""
+        idx = ids if base._idx is None or of_storage else base._idx[ids]
         storage = base._storage
         if len(idx) == storage.sets.shape[0] and np.array_equal(idx, np.arange(len(idx))):
             idx = None

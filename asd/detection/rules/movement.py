@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 
 from ...errors import UnsupportedOpWarning
 from .. import sets as S
-from .._core import Call, TracedTensor, is_differentiable_dtype
+from .._core import Call, TracedTensor, is_differentiable_dtype, storage_positions
 from ..table import aten_ops, register_rule
 from .elementwise import broadcast_union
 from .fallback import conservative
@@ -358,21 +358,8 @@ def selection(call: Call) -> list:
 def view_ids(call: Call, base: TracedTensor) -> list[np.ndarray] | None:
     """For a view op, the base element each output element refers to (0-based, per output)."""
     func = call.func
-    if func in (aten.as_strided.default, aten.as_strided_.default):
-        if not base._storage.primal.is_contiguous():
-            return None
-        b = call.bound()
-        total = base._storage.primal.numel()
-        ids = torch.arange(total).as_strided(b["size"], b["stride"], b["storage_offset"] or 0)
-        # ``as_strided`` addresses the storage: map storage ids back through the base's view map.
-        ids = ids.reshape(-1).numpy()
-        if base._idx is not None:
-            inverse = np.full(total, -1, dtype=np.int64)
-            inverse[base._idx] = np.arange(len(base._idx))
-            ids = inverse[ids]
-            if (ids < 0).any():
-                return None
-        return [ids]
+    if func in _STRIDED_VIEWS:
+        return None  # storage positions, not the base's elements: see storage_view_rows
     if func is aten.view_as_real.default:
         return [np.repeat(np.arange(base.numel(), dtype=np.int64), 2)]
     if func is aten.view_as_complex.default:
@@ -435,10 +422,10 @@ MOVEMENT_OPS = aten_ops(
     "replication_pad3d", "_pad_circular", "_unsafe_view", "view_copy", "permute_copy", "expand_copy",
     "t_copy", "transpose_copy", "unsqueeze_copy", "squeeze_copy", "slice_copy", "select_copy",
     "diagonal_copy", "unfold_copy", "alias_copy", "narrow_copy", "unbind_copy", "split_copy",
-    "split_with_sizes_copy", "as_strided_copy", "detach_copy", "index", "index_select", "gather",
+    "split_with_sizes_copy", "detach_copy", "index", "index_select", "gather",
     "take", "take_along_dim", "masked_select", "index_fill", "index_fill_",
     "index_copy", "index_copy_", "slice_scatter", "select_scatter", "diagonal_scatter",
-    "as_strided_scatter", "masked_scatter", "masked_scatter_", "diag_embed", "diag", "block_diag",
+    "masked_scatter", "masked_scatter_", "diag_embed", "diag", "block_diag",
     "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle", "im2col",
     "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
     "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "repeat_interleave", "fill", "fill_",
@@ -449,6 +436,105 @@ MOVEMENT_OPS = aten_ops(
 )
 
 register_rule(MOVEMENT_OPS, movement, second_order="linear", family="movement")
+
+
+# -- ops that address their input's storage ----------------------------------------------------------
+# ``as_strided_copy`` and ``as_strided_scatter`` count positions from the storage of ``self``, not
+# from its first element: on a view (an offset, other strides) they read or write elements outside it.
+# Running them on ids of ``self``'s own elements (as the movement rule does) would name other elements.
+
+def _storage_rows(call: Call, x):
+    """``(sets of every element of x's storage, map from storage position to their row)``, or
+    ``None`` where the storage carries no sets (``x`` a constant, detached, or independent of the
+    input)."""
+    if not isinstance(x, TracedTensor) or not is_differentiable_dtype(x.dtype) or call.tracer.detached(x):
+        return None
+    storage = x._storage
+    if storage.sets.nnz == 0:
+        return None
+    return storage.sets, _inverse_of_storage(storage)
+
+
+def _at(inverse: np.ndarray, pos: np.ndarray) -> np.ndarray | None:
+    """Rows of the storage positions ``pos`` (``None`` if one lies outside the traced storage)."""
+    if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= inverse.size):
+        return None
+    rows = inverse[pos]
+    return None if (rows < 0).any() else rows
+
+
+def _inverse_of_storage(storage) -> np.ndarray:
+    """Map from storage position to row of ``storage.sets`` (``-1``: no element there)."""
+    base = storage.primal
+    pos = storage_positions(base.shape, base.stride(), base.storage_offset())
+    inverse = np.full(int(pos.max()) + 1 if pos.size else 0, -1, dtype=np.int64)
+    inverse[pos] = np.arange(pos.size, dtype=np.int64)
+    return inverse
+
+
+_STRIDED_VIEWS = (aten.as_strided.default, aten.as_strided_.default)
+
+
+def storage_view_rows(call: Call, base: TracedTensor) -> np.ndarray | None:
+    """For ``as_strided`` (or ``as_strided_``) of ``base``: the row of ``base``'s storage sets each
+    output element refers to, wherever ``base`` starts (the window may leave ``base``'s elements);
+    ``None`` for other ops, or where the window leaves the traced storage."""
+    if call.func not in _STRIDED_VIEWS:
+        return None
+    b = call.bound()
+    offset = b.get("storage_offset")
+    window = storage_positions(b["size"], b["stride"], base.storage_offset() if offset is None else offset)
+    return _at(_inverse_of_storage(base._storage), window)
+
+
+def as_strided_copy_rule(call: Call) -> list:
+    """``as_strided_copy(self, size, stride, storage_offset)``: element ``k`` copies the storage
+    element at position ``storage_offset + sum(i_d * stride_d)``, wherever ``self`` starts."""
+    b = call.bound()
+    out = call.outs[0]
+    found = _storage_rows(call, b["self"])
+    if found is None or not is_differentiable_dtype(out.dtype):
+        return [None]
+    sets, inverse = found
+    rows = _at(inverse, storage_positions(b["size"], b["stride"], b["storage_offset"]))
+    if rows is None:  # reads memory the trace does not know: every element of the storage, soundly
+        return [S.take_rows(S.full_row(sets), np.zeros(out.numel(), dtype=np.int64))]
+    return [S.take_rows(sets, rows)]
+
+
+def as_strided_scatter_rule(call: Call) -> list:
+    """``as_strided_scatter(self, src, size, stride, storage_offset)``: a copy of ``self`` (same
+    geometry) whose elements at the storage positions the strided window addresses take ``src``'s
+    elements; every other element keeps ``self``'s."""
+    b = call.bound()
+    x, src = b["self"], b["src"]
+    out = call.outs[0]
+    xs, ss = call.sets(x), call.sets(src)
+    if (xs is None and ss is None) or not is_differentiable_dtype(out.dtype):
+        return [None]
+    m, k = x.numel(), src.numel()
+    q = storage_positions(x.shape, x.stride(), x.storage_offset())  # where self's elements live
+    p = storage_positions(b["size"], b["stride"], b["storage_offset"])  # where src's elements go
+    if len(np.unique(q)) != q.size:  # self's elements overlap: any of them may be any write
+        parts = [S.full_row(s) for s in (xs, ss) if s is not None]
+        return [S.take_rows(S.union(parts, 1, call.n), np.zeros(out.numel(), dtype=np.int64))]
+    top = int(max(q.max() if q.size else 0, p.max() if p.size else 0)) + 1
+    element = np.full(top, -1, dtype=np.int64)
+    element[q] = np.arange(m, dtype=np.int64)
+    target = element[p]  # the element of self that src's element k overwrites (-1: outside self)
+    written = np.zeros(m, dtype=bool)
+    written[target[target >= 0]] = True
+    kept = np.flatnonzero(~written)
+    hit = np.flatnonzero(target >= 0)
+    stacked = S.vstack([xs if xs is not None else S.empty(m, call.n), ss if ss is not None else S.empty(k, call.n)])
+    # a position written twice (an overlapping window) may hold any of its writes: all of them
+    rows = np.concatenate([kept, target[hit]])
+    cols = np.concatenate([kept, m + hit])
+    return [S.gather_union(stacked, rows, cols, m)]
+
+
+register_rule(aten_ops("as_strided_copy"), as_strided_copy_rule, second_order="linear", family="movement")
+register_rule(aten_ops("as_strided_scatter"), as_strided_scatter_rule, second_order="linear", family="movement")
 register_rule(aten_ops("where", "masked_fill", "masked_fill_"), selection, second_order="linear",
               family="movement")
 

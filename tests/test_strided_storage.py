@@ -1,0 +1,153 @@
+"""Ops that address their input's storage: ``as_strided`` (and ``as_strided_``), ``as_strided_copy``
+and ``as_strided_scatter`` count positions from the storage of ``self``, not from its first element.
+
+On a view (an offset, other strides) they read or write elements outside it. Detection ran
+``as_strided_copy`` and ``as_strided_scatter`` on ids of ``self``'s own elements and named other
+elements (an unsound pattern); and PyTorch's derivatives of these ops are wrong in every AD mode
+(plain reverse included) in the cases listed in :mod:`asd.detection.ad_gaps`, so operators refuse
+such functions. Every reference here is central finite differences, not PyTorch's derivative."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import asd
+from asd.detection import hessian_sparsity, jacobian_sparsity
+
+N = 12
+
+
+def _x(seed=0):
+    return torch.rand(N, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) + 0.5
+
+
+def _central(f, x, eps=1e-6):
+    cols = []
+    for j in range(x.numel()):
+        e = torch.zeros_like(x)
+        e[j] = eps
+        cols.append(((f(x + e) - f(x - e)) / (2 * eps)).reshape(-1))
+    return torch.stack(cols, dim=1).numpy()
+
+
+def _pattern_is_exact(f, x):
+    fd = np.abs(_central(f, x)) > 1e-6
+    for local in (False, True):
+        P = jacobian_sparsity(f, x, local=local).toarray()
+        assert P.shape == fd.shape
+        assert not (fd & ~P).any(), f"unsound (local={local}): entries {np.argwhere(fd & ~P)[:5].tolist()}"
+        assert not (P & ~fd).any(), f"imprecise (local={local}): entries {np.argwhere(P & ~fd)[:5].tolist()}"
+
+
+# a view of an intermediate (its storage: 12 elements), the window on that storage
+VIEWS = {"whole": lambda y: y, "offset": lambda y: y[2:], "head": lambda y: y[:6],
+         "transposed": lambda y: y.reshape(3, 4).t(), "strided": lambda y: y[1::2]}
+WINDOWS = [((3,), (2,), 0), ((3,), (2,), 1), ((3,), (2,), 3), ((2, 2), (4, 1), 5), ((4,), (3,), 0)]
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS))
+@pytest.mark.parametrize("size,stride,offset", WINDOWS)
+def test_as_strided_copy_reads_the_storage_of_its_input(view, size, stride, offset):
+    v = VIEWS[view]
+    _pattern_is_exact(lambda x: torch.as_strided_copy(v(x * 1.5), size, stride, offset).reshape(-1), _x())
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS))
+@pytest.mark.parametrize("size,stride,offset", WINDOWS)
+def test_as_strided_view_reads_the_storage_of_its_input(view, size, stride, offset):
+    v = VIEWS[view]
+    _pattern_is_exact(lambda x: torch.as_strided(v(x * 1.5), size, stride, offset).reshape(-1) * 2.0, _x())
+
+
+@pytest.mark.parametrize("view", ["whole", "offset", "head"])
+@pytest.mark.parametrize("size,stride,offset", [w for w in WINDOWS if w[2] + (w[0][0] - 1) * w[1][0] < 10])
+def test_as_strided_scatter_writes_the_storage_of_its_input(view, size, stride, offset):
+    v = VIEWS[view]
+    k = int(np.prod(size))
+
+    def f(x):
+        src = (x[-k:] * 3.0).reshape(size)
+        return torch.as_strided_scatter(v(x * 1.5), src, size, stride, offset).reshape(-1)
+
+    _pattern_is_exact(f, _x())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 6), st.integers(1, 4), st.integers(1, 3), st.integers(0, 4), st.booleans())
+def test_windows_on_random_views(start, length, step, offset, scatter):
+    """Any window that stays within the 12-element storage, on a slice ``y[start::step]``."""
+    if offset + (length - 1) * step >= N:
+        return
+
+    def f(x):
+        base = (x * 1.5)[start::step]
+        if scatter:
+            if base.numel() < 1 or start + (base.numel() - 1) * step >= N:
+                return base * 1.0
+            return torch.as_strided_scatter(base, x[:length] * 3.0, (length,), (step,), offset)
+        return torch.as_strided_copy(base, (length,), (step,), offset)
+
+    try:
+        f(_x())
+    except RuntimeError:  # a window PyTorch refuses for this view
+        return
+    _pattern_is_exact(f, _x())
+
+
+# -- PyTorch's derivatives: the table's entries still show their gap, and operators refuse them --------
+
+GAP_CASES = {
+    "as_strided_copy before the view": lambda x: torch.as_strided_copy((x * 1.5)[2:], (3,), (2,), 0),
+    "as_strided after the view": lambda x: torch.as_strided((x * 1.5)[:6], (3,), (2,), 4) * 2.0,
+    "as_strided_ before the view": lambda x: (x * 1.5)[2:].as_strided_((3,), (2,), 1) * 2.0,
+    "as_strided_scatter": lambda x: torch.as_strided_scatter(x * 1.5, x[:3] * 2.0, (3,), (2,), 0),
+    "as_strided_scatter, constant source": lambda x: torch.as_strided_scatter(
+        x * 1.5, torch.ones(3, dtype=x.dtype), (3,), (2,), 1),
+}
+FINE_CASES = {
+    "as_strided_copy within a transposed view": lambda x: torch.as_strided_copy(
+        (x * 1.5).reshape(3, 4).t(), (3,), (2,), 1),
+    "as_strided within the view": lambda x: torch.as_strided((x * 1.5)[2:], (3,), (2,), 3) * 2.0,
+    "as_strided_scatter into a constant": lambda x: torch.as_strided_scatter(
+        torch.zeros(N, dtype=x.dtype), x[:3] * 2.0, (3,), (2,), 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GAP_CASES))
+def test_the_gap_entries_still_show_their_gap(name):
+    """PyTorch's plain reverse mode disagrees with finite differences (else the table entry is stale)."""
+    f, x = GAP_CASES[name], _x()
+    plain = torch.autograd.functional.jacobian(f, x, vectorize=False).reshape(-1, N).numpy()
+    assert np.abs(plain - _central(f, x)).max() > 1e-3
+
+
+@pytest.mark.parametrize("name", sorted(GAP_CASES))
+def test_operators_refuse_a_function_no_ad_mode_differentiates(name):
+    f, x = GAP_CASES[name], _x()
+    _pattern_is_exact(f, x)  # detection alone is right
+    for mode in ("forward", "reverse"):
+        with pytest.raises(asd.ADGapError, match="every AD mode"):
+            asd.sparse_jacobian(f, x, mode=mode)
+    with pytest.raises(asd.ADGapError):
+        asd.prepare_jacobian(f, x, pattern=jacobian_sparsity(f, x))
+    with pytest.raises(asd.ADGapError):
+        asd.sparse_hessian(lambda z: (f(z) ** 2).sum(), x)
+
+
+@pytest.mark.parametrize("name", sorted(FINE_CASES))
+def test_windows_whose_derivative_pytorch_gets_right_are_evaluated(name):
+    f, x = FINE_CASES[name], _x()
+    _pattern_is_exact(f, x)
+    want = _central(f, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for mode in ("forward", "reverse"):
+            J = asd.sparse_jacobian(f, x, mode=mode).to_dense().numpy()
+            np.testing.assert_allclose(J, want, atol=1e-7)
+        H = asd.sparse_hessian(lambda z: (f(z) ** 2).sum(), x).to_dense()
+        torch.testing.assert_close(H, torch.autograd.functional.hessian(lambda z: (f(z) ** 2).sum(), x))
+        assert hessian_sparsity(lambda z: (f(z) ** 2).sum(), x).nnz >= int((H != 0).sum())

@@ -282,16 +282,18 @@ def test_a_corrupt_artifact_is_compiled_again(private_cache, damage):
     assert compile_cache.compile_graph(gm, inputs).source == "loaded"  # replaced by a good one
 
 
-def test_an_artifact_computing_something_else_is_not_served(private_cache, monkeypatch):
+@pytest.mark.parametrize("fmt", ["inductor", pytest.param("aoti", marks=AOTI)])
+def test_an_artifact_computing_something_else_is_not_served(private_cache, monkeypatch, fmt):
     gm, inputs = _graph(scale=0.5)
-    compile_cache.compile_graph(gm, inputs)
+    stored = compile_cache.compile_graph(gm, inputs).path
+    assert stored.endswith(".pt2" if fmt == "aoti" and compile_cache._aoti_available() else ".bin")
     compile_cache._MEMORY.clear()
     for loader in ("_load", "_aoti_load"):  # whichever format was stored, it now computes f + 1
         real = getattr(compile_cache, loader)
         monkeypatch.setattr(compile_cache, loader,
                             lambda path, real=real: (lambda art: (lambda *a: art(*a) + 1.0))(real(path)))
     again = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
-    assert again.source == "compiled"
+    assert again.source == "compiled" and "not used" in again.note
     torch.testing.assert_close(again(*inputs), gm(*inputs))
 
 
@@ -311,10 +313,62 @@ def test_a_failing_compiler_falls_back_to_eager_with_a_warning(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: (lambda *a, **k: broken()))
     f, x = brusselator(4), brusselator_input(4)
     op = asd.prepare_jacobian(f, x, compile=True)
-    with pytest.warns(RuntimeWarning, match="torch.compile failed"):
+    with pytest.warns(RuntimeWarning, match="not compiled"):
         J = op(x)
     torch.testing.assert_close(J.to_dense(), torch.func.jacrev(f)(x))
-    assert "compiler exploded" in _tracing(op).error
+    assert "compiler exploded" in _tracing(op).error and "compiler exploded" in _tracing(op).compile_refused
+
+
+def test_refused_compiled_products_are_evaluated_without_torch_compile(monkeypatch):
+    """Compiled products that fail or are refused (their check, a tensor Inductor would read wrong)
+    are evaluated by the plain transforms with a warning: torch.compile of the transforms runs
+    Inductor's kernels too, and shares what made them wrong."""
+    def never(*a, **k):
+        raise AssertionError("torch.compile was used after the compiled products were refused")
+
+    monkeypatch.setattr(torch, "compile", never)
+    monkeypatch.setattr(compile_cache, "compile_graph",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("its result differs")))
+    f, x = brusselator(4), brusselator_input(4)
+    op = asd.prepare_jacobian(f, x, compile=True)
+    with pytest.warns(RuntimeWarning, match="not compiled"):
+        J = op(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # warned once
+        for _ in range(2):
+            torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+    torch.testing.assert_close(J.to_dense(), torch.func.jacrev(f)(x))
+
+
+def test_a_tensor_with_the_negation_bit_is_not_compiled():
+    """``conj().imag`` is a view with PyTorch's lazy negation bit, which Inductor's kernels (and
+    torch.compile's) ignored: the compiled Jacobian had the wrong sign at every call."""
+    g = torch.Generator().manual_seed(0)
+    B = torch.randn(6, dtype=torch.complex128, generator=g).conj().imag
+    assert B.is_neg()
+    f = lambda x: torch.sin(x) * B  # noqa: E731
+    x = torch.randn(6, dtype=torch.float64, generator=g)
+    op = asd.prepare_jacobian(f, x, compile=True)
+    with pytest.warns(RuntimeWarning, match="negation"):
+        J = op(x)
+    torch.testing.assert_close(J.to_dense(), torch.func.jacfwd(f)(x), rtol=0, atol=0)
+    torch.testing.assert_close(op(x * 2.0).to_dense(), torch.func.jacfwd(f)(x * 2.0), rtol=0, atol=0)
+    assert "negation" in _tracing(op).compile_refused and _tracing(op).compiled is None
+    assert compile_cache.tensor_layout(B) != compile_cache.tensor_layout(B.resolve_neg())
+
+
+def test_results_are_compared_at_their_precision_and_scale():
+    """A compiled result is checked against the graph's up to rounding: bfloat16 at its 8 bits, and
+    a result that cancels to rounding noise at the scale of the inputs it was computed from."""
+    b = torch.linspace(-3, 3, 64, dtype=torch.float64).to(torch.bfloat16)
+    assert compile_cache._close(b * (1 + 2 ** -8), b)
+    assert not compile_cache._close(-b, b) and not compile_cache._close(b.roll(1), b)  # wrong kernels
+    assert not compile_cache._close(b.double() * (1 + 1e-5), b.double())
+    x = torch.full((4, 2048), 1.0, dtype=torch.float32)
+    noise = torch.tensor([2e-4, 0.0, -2e-4, 0.0])
+    assert compile_cache._close(noise, torch.zeros(4), [x])
+    assert not compile_cache._close(noise, torch.zeros(4))
+    assert not compile_cache._close(noise + 1.0, torch.zeros(4), [x])
 
 
 _CHILD = textwrap.dedent("""
@@ -354,7 +408,6 @@ def test_inductor_artifacts_where_aotinductor_is_off(private_cache, monkeypatch)
     second = compile_cache.compile_graph(gm, inputs, expected=gm(*inputs))
     assert second.source == "loaded"
     torch.testing.assert_close(second(*inputs), gm(*inputs))
-
 
 
 def test_inductor_artifacts_of_a_graph_reading_storage_offsets_are_compiled_afresh(private_cache):

@@ -219,12 +219,37 @@ def test_compile_fallback_is_clean(monkeypatch):
     monkeypatch.setattr(compile_cache, "compile_graph", broken_inductor)  # the recorded graph's
     f, x = brusselator(4), brusselator_input(4)
     op = asd.prepare_jacobian(f, x, compile=True)
-    with pytest.warns(RuntimeWarning, match="torch.compile failed"):
+    # the recorded graph's compilation failed: the plain transforms, not torch.compile of them
+    with pytest.warns(RuntimeWarning, match="not compiled"):
         J = op(x)
     assert_jacobian(J, f, x)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         op(x)  # falls back once, then stays eager silently
+
+
+def test_a_function_that_cannot_be_recorded_is_compiled_by_torch_compile(monkeypatch):
+    """Where the products cannot be recorded as a graph, compile=True compiles the transforms
+    with torch.compile; a failing torch.compile falls back to eager evaluation with a warning."""
+    from asd.backends import traced
+
+    compiled = []
+
+    def broken_compile(fn, **kw):
+        compiled.append(fn)
+
+        def run(*a, **k):
+            raise RuntimeError("compiler exploded")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(traced.Tracing, "_record", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("not recordable")))
+    f, x = brusselator(4), brusselator_input(4)
+    op = asd.prepare_jacobian(f, x, compile=True)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed"):
+        J = op(x)
+    assert_jacobian(J, f, x)
+    assert compiled and op.state.fused.tracing.compile_refused is None
 
 
 def test_compile_real():

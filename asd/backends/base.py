@@ -169,6 +169,12 @@ class BatchedProducts:
                 return out
             if self.tracing.layout_unstable:  # not torch.compile, whose guards miss it as well
                 return self._call(self._eager, x, seeds)
+            if self.tracing.compile_refused is not None:
+                if self._compile_transforms:  # once: the reason stays in tracing.compile_refused
+                    self._compiled = None
+                    warnings.warn(f"asd: the products were not compiled ({self.tracing.compile_refused}); "
+                                  "evaluating them without compilation", RuntimeWarning, stacklevel=3)
+                return self._call(self._eager, x, seeds)
         if self._compiled is not None:
             try:
                 return self._call(self._compiled, x, seeds)

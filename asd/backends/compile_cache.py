@@ -22,7 +22,8 @@ megabytes (default 2048; an artifact is about 1.5 MB), evicting the least recent
 Inductor's own caches stay where ``TORCHINDUCTOR_CACHE_DIR`` puts them. Their keys hold the
 inputs' shapes and strides but not their storage offsets, so a graph that reads storage offsets
 (``as_strided``) is compiled by Inductor with them off, and a freshly compiled Inductor artifact
-must reproduce the graph's result as a loaded one must.
+must reproduce the graph's result as a loaded one must. A graph reading a tensor with PyTorch's
+lazy negation or conjugation bit (``conj().imag``) is not compiled: the kernels ignore the bit.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ FORMAT = 2
 #: compile to AOTInductor packages (False: Inductor's own artifacts only)
 AOTI = True
 _LOCK = threading.Lock()
+_COMPILE_LOCK = threading.RLock()
 
 
 @dataclass
@@ -139,7 +141,7 @@ def _evict(folder: str, keep: str | None = None) -> None:
 def _meta(t) -> str:
     if isinstance(t, torch.Tensor):
         return (f"T({tuple(t.shape)},{tuple(t.stride())},{t.storage_offset()},{t.dtype},{t.device.type},"
-                f"{t.layout},{t.requires_grad})")
+                f"{t.layout},{t.requires_grad},{t.is_neg()},{t.is_conj()})")
     return f"V({type(t).__name__}:{t!r})"
 
 
@@ -205,13 +207,19 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
     return h.hexdigest()[:40]
 
 
-def _close(a, b) -> bool:
+def _close(a, b, inputs=()) -> bool:
+    """Whether a compiled result ``a`` is the graph's ``b`` up to rounding: relative to the larger of
+    the result's and the inputs' magnitudes (a result that cancels to rounding noise is compared at
+    the scale it was computed from), with the dtype's precision (bfloat16 keeps 8 bits)."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if not a.is_floating_point():
+    if not (a.is_floating_point() or a.is_complex()):
         return bool(torch.equal(a, b))
     scale = float(b.abs().nan_to_num(0.0, 0.0, 0.0).max()) if b.numel() else 0.0
-    tol = 1e-6 if a.dtype == torch.float64 else 1e-3
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()) and t.numel():
+            scale = max(scale, float(t.detach().abs().nan_to_num(0.0, 0.0, 0.0).max()))
+    tol = 1e-6 if a.dtype in (torch.float64, torch.complex128) else max(1e-3, 8 * torch.finfo(a.dtype).eps)
     return bool(torch.isclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True).all())
 
 
@@ -247,19 +255,22 @@ def _inductor(gm: torch.fx.GraphModule, example_inputs, *, caches: bool = True):
     artifact cannot be saved."""
     from torch._inductor import standalone_compile
 
-    if caches:
-        return standalone_compile(gm, list(example_inputs), dynamic_shapes="from_example_inputs")
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    logger, quiet = logging.getLogger("torch._inductor.standalone_compile"), _QuietSave()
-    logger.addFilter(quiet)
-    try:
-        with inductor_config.patch(force_disable_caches=True, fx_graph_cache=False), \
-                functorch_config.patch(enable_autograd_cache=False):
+    # Inductor's configuration is the process's: one compilation at a time, so that one with the
+    # caches off never overlaps another thread's
+    with _COMPILE_LOCK:
+        if caches:
             return standalone_compile(gm, list(example_inputs), dynamic_shapes="from_example_inputs")
-    finally:
-        logger.removeFilter(quiet)
+        import torch._functorch.config as functorch_config
+        import torch._inductor.config as inductor_config
+
+        logger, quiet = logging.getLogger("torch._inductor.standalone_compile"), _QuietSave()
+        logger.addFilter(quiet)
+        try:
+            with inductor_config.patch(force_disable_caches=True, fx_graph_cache=False), \
+                    functorch_config.patch(enable_autograd_cache=False):
+                return standalone_compile(gm, list(example_inputs), dynamic_shapes="from_example_inputs")
+        finally:
+            logger.removeFilter(quiet)
 
 
 def _load(path: str):
@@ -294,7 +305,7 @@ def _aoti_compile(gm: torch.fx.GraphModule, example_inputs, path: str) -> None:
     """AOTInductor: the graph compiled into a self-contained package (kernels and their C++ caller)."""
     from torch._inductor import aoti_compile_and_package
 
-    with torch.no_grad(), warnings.catch_warnings():
+    with _COMPILE_LOCK, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's own deprecation notices about its internals
         program = torch.export.export(gm, tuple(example_inputs), strict=False)
         aoti_compile_and_package(program, package_path=path)
@@ -377,7 +388,7 @@ def _try_load(path: str, load: Callable, example_inputs, expected):
     """``(callable, None)`` from the artifact at ``path``, or ``(None, why not)`` (and the file is removed)."""
     try:
         fn = load(path)
-        if expected is not None and not _close(fn(*example_inputs), expected):
+        if expected is not None and not _close(fn(*example_inputs), expected, example_inputs):
             raise RuntimeError("its result differs from the graph's")
         return fn, None
     except Exception as exc:  # noqa: BLE001 - a corrupt or foreign artifact: compile again
@@ -432,7 +443,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
             package = os.path.join(tmp, "model.pt2")
             _aoti_compile(gm, example_inputs, package)
             fn = _aoti_load(package)
-            if expected is not None and not _close(fn(*example_inputs), expected):
+            if expected is not None and not _close(fn(*example_inputs), expected, example_inputs):
                 raise RuntimeError("its result differs from the graph's")
             if folder:
                 try:
@@ -453,12 +464,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
         fresh = "the graph reads storage offsets" if reads_storage_offsets(gm) else None
         artifact = _inductor(gm, example_inputs, caches=fresh is None)
         fn = _fast(_callable(artifact), example_inputs)
-        if expected is not None and fresh is None and not _close(fn(*example_inputs), expected):
+        if expected is not None and fresh is None and not _close(fn(*example_inputs), expected, example_inputs):
             # served from Inductor's caches under a key that misses something this graph depends on
             fresh = "Inductor's cached kernels computed something else"
             artifact = _inductor(gm, example_inputs, caches=False)
             fn = _fast(_callable(artifact), example_inputs)
-        if expected is not None and not _close(fn(*example_inputs), expected):
+        if expected is not None and not _close(fn(*example_inputs), expected, example_inputs):
             raise RuntimeError("Inductor's compiled graph computes something else than the graph")
         if fresh is not None:
             notes.append(f"compiled with Inductor's caches off ({fresh}): not saved")
@@ -487,8 +498,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, expected: torch.T
 def tensor_layout(t: torch.Tensor) -> tuple:
     """What compiled kernels are specialized on besides a tensor's values: shape, strides, storage
     offset (an ``as_strided`` in ``f`` counts from the storage, the kernels from the pointer they
-    are given), dtype and device."""
-    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device)
+    are given), dtype, device, and PyTorch's lazy negation and conjugation bits."""
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.is_neg(), t.is_conj())
 
 
 class CompiledProducts:
@@ -544,6 +555,12 @@ def compile_products(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Ten
     else:  # measured and tested on the CPU only: elsewhere the recorded graph as it is
         spec = lift(gm, [x, seeds])
     args = spec.arguments([x, seeds])
+    lazy = [a for a in args if isinstance(a, torch.Tensor) and (a.is_neg() or a.is_conj())]
+    if lazy:
+        # (conj().imag, a view with the negation bit): Inductor's kernels, and torch.compile's,
+        # read such a tensor without its sign
+        raise RuntimeError("a tensor f reads carries PyTorch's lazy negation or conjugation bit, which "
+                           "compiled kernels do not apply")
     with torch.no_grad():
         expected = spec.gm(*args)
     gm, gather = spec.gm, None

@@ -131,6 +131,10 @@ class Tracing:
         self.layout_unstable = False
         self.disabled = False
         self.error: str | None = None
+        #: why the recorded products were not compiled (the graph was recorded, the compilation or
+        #: its check failed): they are then evaluated by the plain transforms, not by torch.compile,
+        #: whose kernels share what made Inductor's wrong
+        self.compile_refused: str | None = None
 
     def _record(self, make_fx, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products' graph: a compiled operator records it without ``make_fx`` (which imports
@@ -194,8 +198,12 @@ class Tracing:
                 if self.compile:
                     from .compile_cache import compile_products
 
-                    graph = self.compiled = compile_products(graph, x, seeds, constant_seeds=self.constant_seeds,
-                                                             owned=self.owned)
+                    try:
+                        graph = self.compiled = compile_products(graph, x, seeds, constant_seeds=self.constant_seeds,
+                                                                 owned=self.owned)
+                    except Exception as exc:  # noqa: BLE001 - refused or failed: the plain transforms
+                        self.compile_refused = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                        raise
                     if _records_grad(graph):  # this call's products go through the transforms
                         self.graphs[key] = graph
                         return None

@@ -46,7 +46,9 @@ def _pattern_is_exact(f, x):
 # a view of an intermediate (its storage: 12 elements), the window on that storage
 VIEWS = {"whole": lambda y: y, "offset": lambda y: y[2:], "head": lambda y: y[:6],
          "transposed": lambda y: y.reshape(3, 4).t(), "strided": lambda y: y[1::2]}
-WINDOWS = [((3,), (2,), 0), ((3,), (2,), 1), ((3,), (2,), 3), ((2, 2), (4, 1), 5), ((4,), (3,), 0)]
+# (``None``: the storage offset left out, which means the input's own)
+WINDOWS = [((3,), (2,), 0), ((3,), (2,), 1), ((3,), (2,), 3), ((2, 2), (4, 1), 5), ((4,), (3,), 0),
+           ((3,), (2,), None)]
 
 
 @pytest.mark.parametrize("view", sorted(VIEWS))
@@ -64,7 +66,7 @@ def test_as_strided_view_reads_the_storage_of_its_input(view, size, stride, offs
 
 
 @pytest.mark.parametrize("view", ["whole", "offset", "head"])
-@pytest.mark.parametrize("size,stride,offset", [w for w in WINDOWS if w[2] + (w[0][0] - 1) * w[1][0] < 10])
+@pytest.mark.parametrize("size,stride,offset", [w for w in WINDOWS if (w[2] or 2) + (w[0][0] - 1) * w[1][0] < 10])
 def test_as_strided_scatter_writes_the_storage_of_its_input(view, size, stride, offset):
     v = VIEWS[view]
     k = int(np.prod(size))
@@ -151,3 +153,61 @@ def test_windows_whose_derivative_pytorch_gets_right_are_evaluated(name):
         H = asd.sparse_hessian(lambda z: (f(z) ** 2).sum(), x).to_dense()
         torch.testing.assert_close(H, torch.autograd.functional.hessian(lambda z: (f(z) ** 2).sum(), x))
         assert hessian_sparsity(lambda z: (f(z) ** 2).sum(), x).nnz >= int((H != 0).sum())
+
+
+# -- what the review of the first version found ------------------------------------------------------
+
+def test_in_place_view_ops_on_a_tensor_that_owns_its_storage():
+    """``t_`` / ``as_strided_`` on the tensor owning a storage change its metadata, not the layout
+    the storage's sets follow."""
+    def restrided(x):
+        y = x * 1.5
+        y.as_strided_((3,), (3,), 1)
+        return y * 2.0
+
+    def transposed_then_window(x):
+        y = x.reshape(3, 4) * 1.5
+        y.t_()
+        return torch.as_strided(y, (3,), (1,), 1) * 2.0 + torch.as_strided_copy(y, (2,), (4,), 2).sum()
+
+    for f in (restrided, transposed_then_window):
+        _pattern_is_exact(f, _x())
+        J = asd.sparse_jacobian(f, _x(), mode="reverse").to_dense().numpy()
+        np.testing.assert_allclose(J, _central(f, _x()), atol=1e-7)
+
+
+def test_a_window_off_constant_elements_into_traced_storage():
+    """The view's own elements are constants; the window reads traced elements before it (PyTorch's
+    derivative gives them zero: refused) or constant ones (PyTorch is right: evaluated)."""
+    into_traced = lambda x: torch.cat([torch.zeros(2, dtype=x.dtype), x * 1.5])[:2].as_strided((3,), (1,), 0) * 2.0  # noqa: E731
+    off_constants = lambda x: torch.cat([torch.ones(4, dtype=x.dtype), x[4:] * 1.5])[2:].as_strided((3,), (2,), 0) * 2.0  # noqa: E731
+    for f in (into_traced, off_constants):
+        _pattern_is_exact(f, _x())
+    with pytest.raises(asd.ADGapError):
+        asd.sparse_jacobian(into_traced, _x())
+    np.testing.assert_allclose(asd.sparse_jacobian(off_constants, _x()).to_dense().numpy(),
+                               _central(off_constants, _x()), atol=1e-7)
+
+
+def test_a_scatter_of_traced_values_into_a_constant_view_is_refused():
+    """With respect to ``src`` PyTorch's derivative is wrong where ``self`` is a view off its
+    storage's start (the Hessian came out wrong without a warning)."""
+    f = lambda x: torch.as_strided_scatter(torch.zeros(N, dtype=x.dtype)[2:], x[:3] ** 2, (3,), (2,), 1)  # noqa: E731
+    _pattern_is_exact(f, _x())
+    plain = torch.autograd.functional.jacobian(f, _x(), vectorize=False).numpy()
+    assert np.abs(plain - _central(f, _x())).max() > 1e-3  # the gap is still there
+    with pytest.raises(asd.ADGapError):
+        asd.sparse_hessian(lambda z: (f(z) ** 2).sum(), _x())
+    with pytest.raises(asd.ADGapError):
+        asd.sparse_jacobian(f, _x())
+
+
+def test_a_window_on_a_reinterpreting_view_is_refused():
+    """After ``view_as_real`` a window counts real elements of a complex storage: not traced (it
+    was traced as positions of the complex storage, missing every entry)."""
+    def f(x):
+        z = torch.view_as_complex(x.reshape(6, 2)) * (1 + 2j)
+        return torch.view_as_real(z).as_strided((3,), (1,), 1) * 2.0
+
+    with pytest.raises(asd.TracingError, match="element size"):
+        jacobian_sparsity(f, _x())

@@ -175,6 +175,10 @@ class BatchedProducts:
                     warnings.warn(f"asd: the products were not compiled ({self.tracing.compile_refused}); "
                                   "evaluating them without compilation", RuntimeWarning, stacklevel=3)
                 return self._call(self._eager, x, seeds)
+            if self.tracing.compile and not self.tracing.unrecordable:
+                # a call the compiled graph does not answer (one recording gradients): the transforms,
+                # not torch.compile, which meets what the compiled graph was refused for
+                return self._call(self._eager, x, seeds)
         if self._compiled is not None:
             try:
                 return self._call(self._compiled, x, seeds)

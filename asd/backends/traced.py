@@ -135,6 +135,10 @@ class Tracing:
         #: its check failed): they are then evaluated by the plain transforms, not by torch.compile,
         #: whose kernels share what made Inductor's wrong
         self.compile_refused: str | None = None
+        #: the products cannot be recorded as a graph (what f reads cannot be summarized, or the
+        #: recording failed): the only case in which a compiled operator uses torch.compile; every
+        #: other call the graph does not answer goes to the plain transforms
+        self.unrecordable = False
 
     def _record(self, make_fx, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products' graph: a compiled operator records it without ``make_fx`` (which imports
@@ -161,7 +165,7 @@ class Tracing:
         except Exception:  # noqa: BLE001 - what f reads cannot be summarized: f itself runs
             stamp, complete = None, False
         if not complete:
-            self.disabled = True
+            self.disabled = self.unrecordable = True
             return None
         if stamp != self.stamp:
             if self.graphs:
@@ -193,8 +197,10 @@ class Tracing:
             from .graph_passes import simplify
             from .replay import eager_replay
 
+            recorded = False
             try:
                 graph = simplify(self._record(make_fx, fn, x, seeds))
+                recorded = True
                 if self.compile:
                     from .compile_cache import compile_products
 
@@ -215,6 +221,9 @@ class Tracing:
             except Exception as exc:  # noqa: BLE001 - not traceable: keep the transforms
                 self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 self.disabled = True
+                self.unrecordable = not recorded
+                if recorded and self.compile and self.compile_refused is None:
+                    self.compile_refused = self.error  # the compiled graph failed at its first call
                 return None
             finally:
                 if self.compile:

@@ -88,13 +88,30 @@ def storage_positions(shape, stride, offset) -> np.ndarray:
 class Storage:
     """Index sets (and the primal base tensor) shared by a base tensor and all its views."""
 
-    __slots__ = ("primal", "sets", "epoch", "read_only")
+    __slots__ = ("primal", "sets", "epoch", "read_only", "geometry")
 
     def __init__(self, primal: torch.Tensor, sets: sp.csr_matrix):
         self.primal = primal
         self.sets = sets
         self.epoch = 0
         self.read_only: str | None = None  # why writes into it cannot be traced
+        # the layout whose elements (row-major) the rows of ``sets`` are, and its element size: fixed
+        # here, as an in-place view op (t_, as_strided_) on the owning tensor changes its primal's
+        self.geometry = (tuple(primal.shape), tuple(primal.stride()), primal.storage_offset(), primal.element_size())
+
+    def rows_at(self, positions: np.ndarray) -> np.ndarray | None:
+        """The row of ``sets`` of the element at each storage position (counted in this storage's
+        elements), or ``None`` where a position holds none of them."""
+        shape, stride, offset, _ = self.geometry
+        own = storage_positions(shape, stride, offset)
+        if not positions.size:
+            return positions.astype(np.int64)
+        if not own.size or int(positions.min()) < 0 or int(positions.max()) > int(own.max()):
+            return None
+        inverse = np.full(int(own.max()) + 1, -1, dtype=np.int64)
+        inverse[own] = np.arange(own.size, dtype=np.int64)
+        rows = inverse[positions]
+        return None if (rows < 0).any() else rows
 
     def make_meta(self) -> None:
         """Called before a write under global tracing: the values become unknown."""

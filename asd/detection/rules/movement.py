@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ...errors import UnsupportedOpWarning
+from ...errors import TracingError, UnsupportedOpWarning
 from .. import sets as S
 from .._core import Call, TracedTensor, is_differentiable_dtype, storage_positions
 from ..table import aten_ops, register_rule
@@ -443,63 +443,52 @@ register_rule(MOVEMENT_OPS, movement, second_order="linear", family="movement")
 # from its first element: on a view (an offset, other strides) they read or write elements outside it.
 # Running them on ids of ``self``'s own elements (as the movement rule does) would name other elements.
 
-def _storage_rows(call: Call, x):
-    """``(sets of every element of x's storage, map from storage position to their row)``, or
-    ``None`` where the storage carries no sets (``x`` a constant, detached, or independent of the
-    input)."""
-    if not isinstance(x, TracedTensor) or not is_differentiable_dtype(x.dtype) or call.tracer.detached(x):
-        return None
-    storage = x._storage
-    if storage.sets.nnz == 0:
-        return None
-    return storage.sets, _inverse_of_storage(storage)
-
-
-def _at(inverse: np.ndarray, pos: np.ndarray) -> np.ndarray | None:
-    """Rows of the storage positions ``pos`` (``None`` if one lies outside the traced storage)."""
-    if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= inverse.size):
-        return None
-    rows = inverse[pos]
-    return None if (rows < 0).any() else rows
-
-
-def _inverse_of_storage(storage) -> np.ndarray:
-    """Map from storage position to row of ``storage.sets`` (``-1``: no element there)."""
-    base = storage.primal
-    pos = storage_positions(base.shape, base.stride(), base.storage_offset())
-    inverse = np.full(int(pos.max()) + 1 if pos.size else 0, -1, dtype=np.int64)
-    inverse[pos] = np.arange(pos.size, dtype=np.int64)
-    return inverse
-
-
 _STRIDED_VIEWS = (aten.as_strided.default, aten.as_strided_.default)
+
+
+def _window(b: dict, x) -> np.ndarray:
+    """The storage positions an ``as_strided``-like call of ``x`` addresses (``storage_offset``
+    left out: ``x``'s own)."""
+    offset = b.get("storage_offset")
+    return storage_positions(b["size"], b["stride"], x.storage_offset() if offset is None else offset)
+
+
+def _window_rows(x: TracedTensor, positions: np.ndarray) -> np.ndarray:
+    """Rows of ``x``'s storage sets at ``positions``; :class:`TracingError` where they are not all
+    elements of the traced storage (a reinterpreting view such as ``view_as_real``, or a window
+    reaching memory the trace does not know), rather than an unsound guess."""
+    storage = x._storage
+    if x.element_size() != storage.geometry[3]:
+        raise TracingError("as_strided (or as_strided_copy / as_strided_scatter) on a view whose element size "
+                           "differs from its storage's (view_as_real, view_as_complex) cannot be traced")
+    rows = storage.rows_at(positions)
+    if rows is None:
+        raise TracingError("an as_strided window reaches memory outside the traced tensor's storage; take the "
+                           "window from the tensor that owns that memory")
+    return rows
 
 
 def storage_view_rows(call: Call, base: TracedTensor) -> np.ndarray | None:
     """For ``as_strided`` (or ``as_strided_``) of ``base``: the row of ``base``'s storage sets each
     output element refers to, wherever ``base`` starts (the window may leave ``base``'s elements);
-    ``None`` for other ops, or where the window leaves the traced storage."""
+    ``None`` for other ops, and for a window off a storage that carries no sets (a constant's)."""
     if call.func not in _STRIDED_VIEWS:
         return None
-    b = call.bound()
-    offset = b.get("storage_offset")
-    window = storage_positions(b["size"], b["stride"], base.storage_offset() if offset is None else offset)
-    return _at(_inverse_of_storage(base._storage), window)
+    window = _window(call.bound(), base)
+    if base._storage.sets.nnz == 0 and base._storage.rows_at(window) is None:
+        return None
+    return _window_rows(base, window)
 
 
 def as_strided_copy_rule(call: Call) -> list:
     """``as_strided_copy(self, size, stride, storage_offset)``: element ``k`` copies the storage
     element at position ``storage_offset + sum(i_d * stride_d)``, wherever ``self`` starts."""
     b = call.bound()
-    out = call.outs[0]
-    found = _storage_rows(call, b["self"])
-    if found is None or not is_differentiable_dtype(out.dtype):
+    x, out = b["self"], call.outs[0]
+    if (not isinstance(x, TracedTensor) or not is_differentiable_dtype(out.dtype) or call.tracer.detached(x)
+            or x._storage.sets.nnz == 0):
         return [None]
-    sets, inverse = found
-    rows = _at(inverse, storage_positions(b["size"], b["stride"], b["storage_offset"]))
-    if rows is None:  # reads memory the trace does not know: every element of the storage, soundly
-        return [S.take_rows(S.full_row(sets), np.zeros(out.numel(), dtype=np.int64))]
-    return [S.take_rows(sets, rows)]
+    return [S.take_rows(x._storage.sets, _window_rows(x, _window(b, x)))]
 
 
 def as_strided_scatter_rule(call: Call) -> list:
@@ -514,7 +503,7 @@ def as_strided_scatter_rule(call: Call) -> list:
         return [None]
     m, k = x.numel(), src.numel()
     q = storage_positions(x.shape, x.stride(), x.storage_offset())  # where self's elements live
-    p = storage_positions(b["size"], b["stride"], b["storage_offset"])  # where src's elements go
+    p = _window(b, x)  # where src's elements go
     if len(np.unique(q)) != q.size:  # self's elements overlap: any of them may be any write
         parts = [S.full_row(s) for s in (xs, ss) if s is not None]
         return [S.take_rows(S.union(parts, 1, call.n), np.zeros(out.numel(), dtype=np.int64))]

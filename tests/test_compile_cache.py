@@ -375,6 +375,29 @@ def test_a_call_recording_gradients_is_not_sent_to_torch_compile(monkeypatch):
     torch.testing.assert_close(J.to_dense().detach(), torch.func.jacfwd(f)(x), rtol=0, atol=0)
 
 
+def test_torch_compile_products_are_checked_at_their_first_call():
+    """Where compile=True goes through torch.compile (trace=False; a Hessian's value and gradient
+    with its products), the first compiled result is checked against the uncompiled one: a tensor
+    with the negation bit gave the wrong sign at every call."""
+    g = torch.Generator().manual_seed(2)
+    B = torch.randn(6, dtype=torch.complex128, generator=g).conj().imag
+    x = torch.randn(6, dtype=torch.float64, generator=g)
+    f = lambda x: torch.sin(x) * B  # noqa: E731
+    op = asd.prepare_jacobian(f, x, compile=True, trace=False)
+    with pytest.warns(RuntimeWarning, match="differ from the uncompiled"):
+        J = op(x)
+    torch.testing.assert_close(J.to_dense(), torch.func.jacfwd(f)(x))
+    torch.testing.assert_close(op(x * 2.0).to_dense(), torch.func.jacfwd(f)(x * 2.0))
+    h = lambda z: (torch.sin(z) * B).sum() + (z ** 3).sum()  # noqa: E731
+    H = asd.prepare_hessian(h, x, compile=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for z in (x, x, x * 0.5):
+            value, grad, hess = H.value_grad_hessian(z)
+            torch.testing.assert_close(hess.to_dense(), torch.func.hessian(h)(z))
+            torch.testing.assert_close(grad, torch.func.grad(h)(z))
+
+
 def test_results_are_compared_at_their_precision_and_scale():
     """A compiled result is checked against the graph's up to rounding, bfloat16 at its 8 bits,
     relative to the result's own scale (the inputs' could hide a wrong kernel: a result that cancels

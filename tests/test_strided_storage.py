@@ -211,3 +211,38 @@ def test_a_window_on_a_reinterpreting_view_is_refused():
 
     with pytest.raises(asd.TracingError, match="element size"):
         jacobian_sparsity(f, _x())
+
+
+def test_windows_off_a_captured_constant_view_are_not_refused():
+    """A constant captured from outside ``f`` is a view of a larger tensor: a window before it reads
+    constants, which PyTorch differentiates right (it was refused)."""
+    big = torch.rand(20, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    # the slice inside f: the tracer holds the view as a constant whose storage is the view
+    for f in (lambda x: x * torch.as_strided(big[3:], (N,), (1,), 0),
+              lambda x: x * torch.as_strided_copy(big[3:], (N,), (1,), 1)):
+        _pattern_is_exact(f, _x())
+        for mode in ("forward", "reverse"):
+            J = asd.sparse_jacobian(f, _x(), mode=mode).to_dense().numpy()
+            np.testing.assert_allclose(J, _central(f, _x()), atol=1e-7)
+
+
+def test_a_scatter_addressed_from_the_views_own_start_is_evaluated():
+    """``storage_offset`` left out: the window starts at the (contiguous) view's own first element,
+    where PyTorch's derivative with respect to the source is right."""
+    f = lambda x: torch.as_strided_scatter(torch.zeros(N, dtype=x.dtype)[2:], x[:3] ** 2, (3,), (2,))  # noqa: E731
+    _pattern_is_exact(f, _x())
+    np.testing.assert_allclose(asd.sparse_jacobian(f, _x()).to_dense().numpy(), _central(f, _x()), atol=1e-7)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_with_a_whole_dimension(accumulate):
+    """ATen's ``None`` index in ``index_put`` is a whole dimension (``y[:, idx] = v``); it was read as
+    Python's new axis (an unsound pattern, a wrong Jacobian)."""
+    idx = torch.tensor([2, 0])
+
+    def f(x):
+        y = x.reshape(3, 4) * 1.5
+        return torch.ops.aten.index_put_(y, [None, idx], x[:6].reshape(3, 2) ** 2, accumulate).reshape(-1)
+
+    _pattern_is_exact(f, _x())
+    np.testing.assert_allclose(asd.sparse_jacobian(f, _x()).to_dense().numpy(), _central(f, _x()), atol=1e-7)

@@ -116,6 +116,7 @@ class BatchedProducts:
         # first use (creating it imports Dynamo: about 1 s of every compiled operator's preparation)
         self._compile_transforms = compile
         self._compiled_fn = None
+        self._compile_checked = False
         self.compile_failed: str | None = None
         self.sparse_constants: bool | None = None
 
@@ -181,7 +182,10 @@ class BatchedProducts:
                 return self._call(self._eager, x, seeds)
         if self._compiled is not None:
             try:
-                return self._call(self._compiled, x, seeds)
+                out = self._call(self._compiled, x, seeds)
+                if not self._compile_checked:
+                    return self._checked_compile(out, x, seeds)
+                return out
             except InputError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any compiler failure falls back to eager
@@ -190,6 +194,22 @@ class BatchedProducts:
                 warnings.warn(f"asd: torch.compile failed ({self.compile_failed}); evaluating eagerly",
                               RuntimeWarning, stacklevel=3)
         return self._call(self._eager, x, seeds)
+
+    def _checked_compile(self, out: torch.Tensor, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        """The first result of torch.compile's products, checked against the uncompiled ones (its
+        kernels share Inductor's blind spots, such as a tensor's lazy negation bit): where they
+        differ, the uncompiled products from now on, with a warning."""
+        from .compile_cache import _close
+
+        self._compile_checked = True
+        want = self._call(self._eager, x, seeds)
+        if _close(out.detach(), want.detach()):
+            return out
+        self.compile_failed = "its products differ from the uncompiled ones"
+        self._compiled = None
+        warnings.warn("asd: torch.compile's products differ from the uncompiled ones; evaluating without "
+                      "compilation", RuntimeWarning, stacklevel=4)
+        return want
 
     def chunks(self):
         """The seed rows in chunks of ``batch_size``."""

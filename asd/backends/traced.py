@@ -199,8 +199,9 @@ class Tracing:
 
             recorded = False
             try:
-                graph = simplify(self._record(make_fx, fn, x, seeds))
-                recorded = True
+                graph = self._record(make_fx, fn, x, seeds)
+                recorded = True  # a failure from here on is asd's or the compiler's, not f's
+                graph = simplify(graph)
                 if self.compile:
                     from .compile_cache import compile_products
 

@@ -82,7 +82,7 @@ def _window_reads_traced_storage_outside(bound: dict) -> bool:
     offset = bound.get("storage_offset")
     window = storage_positions(bound["size"], bound["stride"], x.storage_offset() if offset is None else offset)
     outside = np.setdiff1d(window, storage_positions(x.shape, x.stride(), x.storage_offset()))
-    if not outside.size:
+    if not outside.size or storage.sets.nnz == 0:
         return False
     if x.element_size() != storage.geometry[3]:
         return True
@@ -101,7 +101,9 @@ def _scatter_derivative_wrong(bound: dict) -> bool:
         return False
     offset = bound.get("storage_offset")
     window = storage_positions(bound["size"], bound["stride"], x.storage_offset() if offset is None else offset)
-    return not (x.is_contiguous() and x.storage_offset() == 0 and np.unique(window).size == window.size)
+    # right for a contiguous self at its storage's start, or addressed from its own start
+    return not (x.is_contiguous() and (x.storage_offset() == 0 or offset is None)
+                and np.unique(window).size == window.size)
 
 
 _ROF = "PyTorch's double backward of {} through a JVP (grad of jvp) is wrong"

@@ -474,10 +474,9 @@ def storage_view_rows(call: Call, base: TracedTensor) -> np.ndarray | None:
     ``None`` for other ops, and for a window off a storage that carries no sets (a constant's)."""
     if call.func not in _STRIDED_VIEWS:
         return None
-    window = _window(call.bound(), base)
-    if base._storage.sets.nnz == 0 and base._storage.rows_at(window) is None:
+    if base._storage.sets.nnz == 0:  # a constant's storage: no sets to map (a copy without sets)
         return None
-    return _window_rows(base, window)
+    return _window_rows(base, _window(call.bound(), base))
 
 
 def as_strided_copy_rule(call: Call) -> list:
@@ -558,7 +557,8 @@ def _write_map(b: dict, name: str, subst: dict):
         return src, tgt, _positions(tuple(src.shape))[tuple(slice(0, s) for s in index.shape)]
     if name == "index_put":
         src = b["values"]
-        tgt = pos[tuple(_values(i, subst) if i is not None else None for i in b["indices"])]
+        # ATen's None index is a whole dimension (``x[:, idx]``), not Python's new axis
+        tgt = pos[tuple(_values(i, subst) if i is not None else slice(None) for i in b["indices"])]
         return src, tgt, _positions(tuple(src.shape)).broadcast_to(tgt.shape)
     src = b["source"]  # put
     return src, pos.reshape(-1)[_values(b["index"], subst).reshape(-1)], _positions(tuple(src.shape)).reshape(-1)

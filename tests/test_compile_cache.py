@@ -340,6 +340,24 @@ def test_refused_compiled_products_are_evaluated_without_torch_compile(monkeypat
     torch.testing.assert_close(J.to_dense(), torch.func.jacrev(f)(x))
 
 
+def test_a_failing_graph_pass_after_recording_is_not_taken_for_an_unrecordable_function(monkeypatch):
+    """The products were recorded; asd's own pass over the graph failed: that is no reason to hand
+    the function to torch.compile (kept for functions that cannot be recorded)."""
+    from asd.backends import graph_passes
+
+    def never(*a, **k):
+        raise AssertionError("torch.compile was used")
+
+    monkeypatch.setattr(torch, "compile", never)
+    monkeypatch.setattr(graph_passes, "simplify", lambda gm: (_ for _ in ()).throw(RuntimeError("pass failed")))
+    f, x = brusselator(4), brusselator_input(4)
+    op = asd.prepare_jacobian(f, x, compile=True)
+    with pytest.warns(RuntimeWarning, match="not compiled"):
+        J = op(x)
+    torch.testing.assert_close(J.to_dense(), torch.func.jacfwd(f)(x))
+    assert not _tracing(op).unrecordable and "pass failed" in _tracing(op).compile_refused
+
+
 def test_a_tensor_with_the_negation_bit_is_not_compiled():
     """``conj().imag`` is a view with PyTorch's lazy negation bit, which Inductor's kernels (and
     torch.compile's) ignored: the compiled Jacobian had the wrong sign at every call."""

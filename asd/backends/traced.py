@@ -205,12 +205,8 @@ class Tracing:
                 if self.compile:
                     from .compile_cache import compile_products
 
-                    try:
-                        graph = self.compiled = compile_products(graph, x, seeds, constant_seeds=self.constant_seeds,
-                                                                 owned=self.owned)
-                    except Exception as exc:  # noqa: BLE001 - refused or failed: the plain transforms
-                        self.compile_refused = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-                        raise
+                    graph = self.compiled = compile_products(graph, x, seeds, constant_seeds=self.constant_seeds,
+                                                             owned=self.owned)
                     if _records_grad(graph):  # this call's products go through the transforms
                         self.graphs[key] = graph
                         return None
@@ -223,8 +219,8 @@ class Tracing:
                 self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 self.disabled = True
                 self.unrecordable = not recorded
-                if recorded and self.compile and self.compile_refused is None:
-                    self.compile_refused = self.error  # the compiled graph failed at its first call
+                if recorded and self.compile:  # compiling, its check, or the compiled graph's first call failed
+                    self.compile_refused = self.error
                 return None
             finally:
                 if self.compile:

@@ -85,6 +85,13 @@ def storage_positions(shape, stride, offset) -> np.ndarray:
     return np.broadcast_to(pos, tuple(int(v) for v in shape)).reshape(-1)
 
 
+def window_positions(bound: dict, x: torch.Tensor) -> np.ndarray:
+    """The storage positions an ``as_strided``-like call on ``x`` (bound arguments ``size``,
+    ``stride``, ``storage_offset``) addresses; a left-out ``storage_offset`` is ``x``'s own."""
+    offset = bound.get("storage_offset")
+    return storage_positions(bound["size"], bound["stride"], x.storage_offset() if offset is None else offset)
+
+
 class Storage:
     """Index sets (and the primal base tensor) shared by a base tensor and all its views."""
 

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ._core import storage_positions
+from ._core import storage_positions, window_positions
 
 __all__ = ["MODES", "EVERY_MODE", "Gap", "GAPS", "gaps_of", "unsafe_modes"]
 
@@ -79,9 +79,7 @@ def _window_reads_traced_storage_outside(bound: dict) -> bool:
     storage = getattr(x, "_storage", None)
     if storage is None:
         return False
-    offset = bound.get("storage_offset")
-    window = storage_positions(bound["size"], bound["stride"], x.storage_offset() if offset is None else offset)
-    outside = np.setdiff1d(window, storage_positions(x.shape, x.stride(), x.storage_offset()))
+    outside = np.setdiff1d(window_positions(bound, x), storage_positions(x.shape, x.stride(), x.storage_offset()))
     if not outside.size or storage.sets.nnz == 0:
         return False
     if x.element_size() != storage.geometry[3]:
@@ -99,10 +97,9 @@ def _scatter_derivative_wrong(bound: dict) -> bool:
         return True
     if not _carries_sets(src):
         return False
-    offset = bound.get("storage_offset")
-    window = storage_positions(bound["size"], bound["stride"], x.storage_offset() if offset is None else offset)
+    window = window_positions(bound, x)
     # right for a contiguous self at its storage's start, or addressed from its own start
-    return not (x.is_contiguous() and (x.storage_offset() == 0 or offset is None)
+    return not (x.is_contiguous() and (x.storage_offset() == 0 or bound.get("storage_offset") is None)
                 and np.unique(window).size == window.size)
 
 

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 
 from ...errors import TracingError, UnsupportedOpWarning
 from .. import sets as S
-from .._core import Call, TracedTensor, is_differentiable_dtype, storage_positions
+from .._core import Call, TracedTensor, is_differentiable_dtype, storage_positions, window_positions
 from ..table import aten_ops, register_rule
 from .elementwise import broadcast_union
 from .fallback import conservative
@@ -446,13 +446,6 @@ register_rule(MOVEMENT_OPS, movement, second_order="linear", family="movement")
 _STRIDED_VIEWS = (aten.as_strided.default, aten.as_strided_.default)
 
 
-def _window(b: dict, x) -> np.ndarray:
-    """The storage positions an ``as_strided``-like call of ``x`` addresses (``storage_offset``
-    left out: ``x``'s own)."""
-    offset = b.get("storage_offset")
-    return storage_positions(b["size"], b["stride"], x.storage_offset() if offset is None else offset)
-
-
 def _window_rows(x: TracedTensor, positions: np.ndarray) -> np.ndarray:
     """Rows of ``x``'s storage sets at ``positions``; :class:`TracingError` where they are not all
     elements of the traced storage (a reinterpreting view such as ``view_as_real``, or a window
@@ -476,7 +469,7 @@ def storage_view_rows(call: Call, base: TracedTensor) -> np.ndarray | None:
         return None
     if base._storage.sets.nnz == 0:  # a constant's storage: no sets to map (a copy without sets)
         return None
-    return _window_rows(base, _window(call.bound(), base))
+    return _window_rows(base, window_positions(call.bound(), base))
 
 
 def as_strided_copy_rule(call: Call) -> list:
@@ -487,7 +480,7 @@ def as_strided_copy_rule(call: Call) -> list:
     if (not isinstance(x, TracedTensor) or not is_differentiable_dtype(out.dtype) or call.tracer.detached(x)
             or x._storage.sets.nnz == 0):
         return [None]
-    return [S.take_rows(x._storage.sets, _window_rows(x, _window(b, x)))]
+    return [S.take_rows(x._storage.sets, _window_rows(x, window_positions(b, x)))]
 
 
 def as_strided_scatter_rule(call: Call) -> list:
@@ -502,7 +495,7 @@ def as_strided_scatter_rule(call: Call) -> list:
         return [None]
     m, k = x.numel(), src.numel()
     q = storage_positions(x.shape, x.stride(), x.storage_offset())  # where self's elements live
-    p = _window(b, x)  # where src's elements go
+    p = window_positions(b, x)  # where src's elements go
     if len(np.unique(q)) != q.size:  # self's elements overlap: any of them may be any write
         parts = [S.full_row(s) for s in (xs, ss) if s is not None]
         return [S.take_rows(S.union(parts, 1, call.n), np.zeros(out.numel(), dtype=np.int64))]

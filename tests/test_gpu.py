@@ -270,3 +270,77 @@ def test_cuda_result_matches_finite_differences():
         warnings.simplefilter("ignore")
         fd = (f(x + eps * v) - f(x - eps * v)) / (2 * eps)
     torch.testing.assert_close(J @ v, fd.reshape(-1), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("compile", [True, "reduce-overhead"])
+def test_a_cuda_parameter_moved_to_another_storage_offset(compile):
+    """On CUDA, compiled products are Inductor's own artifacts, whose caches key inputs by shape
+    and strides, not storage offset; ``as_strided`` counts from the storage. A parameter rebound
+    to other windows of one buffer must never be served kernels compiled for another offset."""
+    buf = torch.rand(64, dtype=F64, device=CUDA)
+    w = buf[0:12].clone()
+
+    def f(x):
+        return torch.sin(x) * w.as_strided((12,), (1,), 0) + x.roll(1) * x
+
+    x = torch.rand(12, dtype=F64, device=CUDA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = asd.prepare_jacobian(f, x, compile=compile)
+        for k in (0, 2, 5, 2):
+            w.data = buf[k:k + 12]
+            torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(f, x))
+
+
+def test_inductor_artifacts_of_a_cuda_graph_reading_storage_offsets(tmp_path, monkeypatch):
+    """Compiled afresh (the caches off) for each offset, and never returned computing something
+    else: Inductor's CUDA kernels of this graph were seen to read the wrong window at a nonzero
+    offset (torch 2.11, H100), which the check against the graph's result refuses."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from asd.backends import compile_cache
+
+    monkeypatch.setenv("ASD_CACHE_DIR", str(tmp_path / "asd-cache"))
+    monkeypatch.setattr(compile_cache, "_MEMORY", {})
+    buf = torch.rand(16, dtype=F64, device=CUDA)
+    fn = lambda w: torch.as_strided(w, (6,), (1,), 0) * 2.0 + w  # noqa: E731
+    gm = make_fx(fn)(buf[0:6])
+    assert compile_cache.reads_storage_offsets(gm)
+    outcomes = {}
+    for start in (0, 2, 5):
+        w = buf[start:start + 6]
+        try:
+            c = compile_cache.compile_graph(gm, [w], expected=gm(w))
+        except RuntimeError as exc:
+            assert "computes something else" in str(exc)
+            outcomes[start] = "refused"
+            continue
+        assert c.source == "compiled" and c.path is None and "caches off" in c.note
+        torch.testing.assert_close(c(w), fn(w), rtol=0, atol=0)
+        outcomes[start] = "compiled"
+    print("compiled or refused, by storage offset:", outcomes)
+
+
+@pytest.mark.parametrize("compile", [True, "reduce-overhead"])
+def test_a_cuda_tensor_with_the_negation_bit_is_not_compiled(compile):
+    """Inductor's kernels ignored the lazy negation bit (``conj().imag``): a wrong sign."""
+    B = torch.randn(6, dtype=torch.complex128, device=CUDA).conj().imag
+    assert B.is_neg()
+    f = lambda x: torch.sin(x) * B  # noqa: E731
+    x = torch.randn(6, dtype=F64, device=CUDA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = asd.prepare_jacobian(f, x, compile=compile)
+        for z in (x, x * 2.0, x - 1.0):
+            torch.testing.assert_close(op(z).to_dense(), _dense_jacobian(f, z), rtol=0, atol=0)
+
+
+def test_as_strided_reading_outside_its_cuda_input_is_refused():
+    """PyTorch differentiates such a window wrongly in every mode (checked by finite differences
+    on the CPU): the operator raises instead of returning a wrong matrix."""
+    def f(x):
+        return torch.as_strided(x[2:], (4,), (1,), 0) * x[:4]
+
+    x = torch.rand(8, dtype=F64, device=CUDA)
+    with pytest.raises(asd.ADGapError):
+        asd.sparse_jacobian(f, x)

@@ -425,3 +425,24 @@ def test_random_compositions_are_sound(chain, local):
 
     x = jnp.asarray(np.random.default_rng(len(chain)).standard_normal(7))
     check(f, x, exact=False, local=local)
+
+
+def test_scan_operand_counts_in_both_parameter_forms():
+    """jax 0.11 replaced scan's ``num_consts``/``num_carry`` with a flat tree ``ft_in`` (the scan
+    rule raised KeyError there); both forms give the same counts, and the present jax's own scan
+    is read right (the scan patterns above)."""
+    from asd.jax.rules.control import scan_counts
+
+    class FlatTree:  # what jax 0.11's ft_in answers: unpack() into (consts, carry, xs)
+        def __init__(self, *parts):
+            self.parts = parts
+
+        def unpack(self):
+            return self.parts
+
+    assert scan_counts(dict(num_consts=2, num_carry=1, length=3)) == (2, 1)
+    assert scan_counts(dict(ft_in=FlatTree([None] * 2, [None], [None] * 4), length=3)) == (2, 1)
+    with pytest.raises(NotImplementedError, match="jax version"):
+        scan_counts(dict(length=3))
+    eqn = jax.make_jaxpr(lambda c, x: lax.scan(lambda c, xi: (c + xi, c), c, x))(1.0, jnp.ones(3)).eqns[-1]
+    assert eqn.primitive.name == "scan" and scan_counts(eqn.params) == (0, 1)

@@ -93,9 +93,21 @@ def _slice_rows(v: Val, t: int) -> np.ndarray:
     return np.arange(t * per, (t + 1) * per)
 
 
+def scan_counts(params) -> tuple[int, int]:
+    """The numbers of constants and carries among a ``scan``'s operands (then its scanned
+    inputs): parameters ``num_consts``/``num_carry`` up to jax 0.10, a flat tree ``ft_in`` of
+    (constants, carries, scanned inputs) from jax 0.11."""
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    if "ft_in" in params:
+        consts, carry, _ = params["ft_in"].unpack()
+        return len(consts), len(carry)
+    raise NotImplementedError(f"asd.jax: a scan with the parameters {sorted(params)} (a jax version it does not know)")
+
+
 def scan(ctx):
     p = ctx.params
-    nconst, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
+    (nconst, ncarry), length = scan_counts(p), p["length"]
     consts = list(ctx.ins[:nconst])
     carry = list(ctx.ins[nconst:nconst + ncarry])
     xs = list(ctx.ins[nconst + ncarry:])

@@ -188,3 +188,88 @@ def test_replayed_graphs_give_the_transforms_bits(case, mode):
     assert torch.equal(first, last)
     assert torch.equal(x, x0)
     torch.testing.assert_close(op(x).to_dense(), dense, rtol=1e-12, atol=1e-12)
+
+
+def _joined(gm, args):
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from asd.backends.graph_passes import join_in_place
+
+    ShapeProp(gm).propagate(*args)
+    return join_in_place(gm)
+
+
+_JOIN_CASES = {
+    # parts computed by pointwise chains (in-place steps, identity views) straight into the join
+    "stack": (lambda a, b: torch.stack([(a * b).add_(1.5), (a + b).mul_(b).permute(0, 1)], 1), 1),
+    "stack_first": (lambda a, b: torch.stack([torch.sin(a), b * 2.0, (a - b).view(3, 4)]), 1),
+    "stack_last": (lambda a, b: torch.stack([a * a, b.exp()], -1), 1),
+    "cat": (lambda a, b: torch.cat([a * b, (b - 1.0).div_(a)], 0), 1),
+    # the inner cat's parts only: the outer cat's second part is the inner's buffer, not a pointwise result
+    "cat_nested": (lambda a, b: torch.cat([a + 1.0, torch.cat([a * b, b.neg()], 1)], 1), 1),
+    # left alone: a part read elsewhere, a reordering view, an input, one part twice, a promoted part
+    "part_read_twice": (lambda a, b: (lambda c: torch.stack([c, b + 1.0]) + c.sum())(a * b), 0),
+    "part_returned": (lambda a, b: (lambda c: (torch.stack([c, b * 3.0]), c))(a * 2.0), 0),
+    "transposed_part": (lambda a, b: torch.stack([(a * b).reshape(4, 3), (a + b).t()]), 0),
+    "input_part": (lambda a, b: torch.stack([a, b * 2.0]), 0),
+    "same_part_twice": (lambda a, b: (lambda c: torch.stack([c, c]))(a * b), 0),
+    "promoted": (lambda a, b: torch.cat([a.float() * 2.0, b * 2.0]), 0),
+}
+
+
+def _joins(gm):
+    return sum(n.target in (torch.ops.aten.stack.default, torch.ops.aten.cat.default) for n in _calls(gm))
+
+
+@pytest.mark.parametrize("name", sorted(_JOIN_CASES))
+def test_join_in_place_computes_parts_into_the_joined_buffer_bit_for_bit(name):
+    """A stack or cat whose parts are fresh pointwise results is removed: each part's op writes
+    into its slot of the joined buffer (``out=``); every other join is left as it was."""
+    fn, joins = _JOIN_CASES[name]
+    g = torch.Generator().manual_seed(3)
+    a, b = (torch.rand(3, 4, dtype=torch.float64, generator=g) + 0.5 for _ in range(2))
+    gm = make_fx(fn)(a, b)
+    expected, before = fn(a, b), _joins(gm)
+    assert _joined(gm, [a, b]) == joins
+    assert _joins(gm) == before - joins
+    outs = lambda v: (v,) if isinstance(v, torch.Tensor) else tuple(v)  # noqa: E731
+    for e, r in zip(outs(expected), outs(gm(a, b))):  # the same bits (-0.0 is not 0.0)
+        ints = {8: torch.int64, 4: torch.int32}[e.element_size()]
+        assert e.shape == r.shape and e.dtype == r.dtype
+        assert torch.equal(e.contiguous().view(ints), r.contiguous().view(ints))
+    a2, b2 = a * 1.7, b - 0.3
+    for e, r in zip(outs(fn(a2, b2)), outs(gm(a2, b2))):
+        torch.testing.assert_close(r, e, rtol=0, atol=0)
+
+
+def test_join_in_place_keeps_gradients_of_operands_that_record_them():
+    """Where an operand records a gradient, the part is computed and copied into its slot (``out=``
+    records none): the joined result has the same gradient."""
+    w = torch.rand(3, 4, dtype=torch.float64, requires_grad=True)
+    fn = lambda a, b: torch.stack([a * w, (b + w).mul_(2.0)])  # noqa: E731
+    a, b = torch.rand(3, 4, dtype=torch.float64), torch.rand(3, 4, dtype=torch.float64)
+    gm = make_fx(fn)(a, b)
+    assert _joined(gm, [a, b]) == 1
+    got, want = gm(a, b), fn(a, b)
+    assert torch.equal(got, want) and got.requires_grad
+    (gw,) = torch.autograd.grad((got * got).sum(), w)
+    (ww,) = torch.autograd.grad((want * want).sum(), w)
+    assert torch.equal(gw, ww)
+    with torch.no_grad():
+        assert torch.equal(gm(a, b), fn(a, b))
+
+
+def test_the_brusselator_replay_writes_both_species_into_one_buffer():
+    from asd.backends import traced
+
+    f, x = brusselator(16), brusselator_input(16)
+    op = asd.prepare_jacobian(f, x, mode="forward", check=False)
+    for _ in range(traced.CALLS_BEFORE_TRACING + 2):
+        op.values(x)
+    products = getattr(op.state, "fused", None) or op.state.products
+    replay = products.tracing.replay
+    assert replay.chosen in ("folded", "pushed"), replay.notes
+    targets = [n.target for n in _calls(replay.fast.gm)]
+    assert torch.ops.aten.stack.default not in targets and torch.ops.aten.cat.default not in targets
+    x2 = brusselator_input(16, seed=5)
+    torch.testing.assert_close(op(x2).to_dense(), torch.func.jacfwd(f)(x2), rtol=0, atol=1e-14)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-__all__ = ["simplify"]
+__all__ = ["simplify", "reuse_buffers", "join_in_place"]
 
 
 def _pure(target) -> bool:
@@ -149,3 +149,128 @@ def reuse_buffers(gm: GraphModule) -> GraphModule:
         node.args = tuple(args)
     gm.recompile()
     return gm
+
+
+_JOINS = (_aten.stack.default, _aten.cat.default)
+_IN_PLACE_OPS = frozenset(_IN_PLACE.values())
+
+
+def _out_overload(target):
+    """The ``out=`` overload of a functional pointwise overload (``add.Tensor`` -> ``add.out``),
+    with the same arguments plus ``out``; ``None`` if it has none."""
+    packet = target.overloadpacket
+    name = "out" if target._overloadname in ("default", "Tensor") else f"{target._overloadname}_out"
+    out = getattr(packet, name, None) if name in packet.overloads() else None
+    if out is None:
+        return None
+    args = [a.name for a in target._schema.arguments]
+    out_args = [a.name for a in out._schema.arguments]
+    return out if out_args == args + ["out"] else None
+
+
+def _part_producer(part) -> "Node | None":
+    """The fresh pointwise node whose buffer ``part`` is: through in-place pointwise ops (which
+    write into their first operand and return it) and views that change nothing (an identity
+    ``permute``, a ``view``/``reshape`` to the same shape), every node on the way used only there."""
+    n = part
+    while True:
+        if not isinstance(n, Node) or n.op != "call_function" or len(n.users) != 1:
+            return None
+        t = n.target
+        src = n.args[0] if n.args else None
+        if t in _IN_PLACE_OPS:
+            n = src
+            continue
+        if t is _aten.permute.default and list(n.args[1]) == list(range(len(n.args[1]))):
+            n = src
+            continue
+        if t in (_aten.view.default, _aten.reshape.default, _aten.alias.default):
+            a, b = _contiguous_meta(n), _contiguous_meta(src)
+            if a is not None and b is not None and tuple(a.shape) == tuple(b.shape):
+                n = src
+                continue
+        break
+    if (not _fresh(n) or not isinstance(n.target, torch._ops.OpOverload) or torch.Tag.pointwise not in n.target.tags
+            or _out_overload(n.target) is None or _contiguous_meta(n) is None):
+        return None
+    return n
+
+
+def _joined_buffer(ref: torch.Tensor, shape, dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=ref.device)
+
+
+def _compute_into(out: torch.Tensor, op, out_op, *args, **kwargs) -> torch.Tensor:
+    """``op(*args)`` written into ``out`` (a slot of a joined buffer): by its ``out=`` overload,
+    the same kernel; ``copy_`` of the functional result where an operand records a gradient."""
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return out.copy_(op(*args, **kwargs))
+    return out_op(*args, **kwargs, out=out)
+
+
+def join_in_place(gm: GraphModule) -> int:
+    """Compute the parts of a ``stack``/``cat`` straight into the joined buffer, in place in ``gm``
+    (for eager replay): a part whose buffer is a fresh pointwise result, used only on its way to
+    the join, is written by that op's ``out=`` overload into its slot of the joined buffer, and
+    the join's copy disappears. The same kernels on the same operands: the same bits. Reads the
+    nodes' ``tensor_meta`` (``ShapeProp``); returns the number of joins removed."""
+    graph = gm.graph
+    done = 0
+    for join in list(graph.nodes):
+        if join.op != "call_function" or join.target not in _JOINS or join.kwargs or len(join.args) > 2:
+            continue
+        parts = join.args[0]
+        out_meta = _contiguous_meta(join)
+        if out_meta is None or not isinstance(parts, (list, tuple)) or not parts or len(set(parts)) != len(parts):
+            continue
+        stacked = join.target is _aten.stack.default
+        dim = join.args[1] if len(join.args) > 1 else 0
+        dim = dim % len(out_meta.shape) if len(out_meta.shape) else 0
+        producers, starts, start = [], [], 0
+        for part in parts:
+            n = _part_producer(part)
+            m = _contiguous_meta(part) if isinstance(part, Node) else None
+            pm = _contiguous_meta(n) if n is not None else None
+            if n is None or m is None or pm is None or pm.dtype != out_meta.dtype or tuple(pm.shape) != tuple(m.shape):
+                producers = None
+                break
+            want = list(out_meta.shape)
+            if stacked:
+                del want[dim]
+            else:
+                want[dim] = m.shape[dim] if dim < len(m.shape) else -1
+            if list(m.shape) != want:
+                producers = None
+                break
+            producers.append(n)
+            starts.append(start)
+            start += 1 if stacked else m.shape[dim]
+        if not producers or len(set(producers)) != len(producers):
+            continue
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        first = min(producers, key=order.__getitem__)
+        # the device of the graph's first tensor input (an operand could be a CPU scalar tensor)
+        ref = next((a for a in graph.nodes if a.op == "placeholder" and "tensor_meta" in a.meta), None)
+        if ref is None:
+            continue
+        with graph.inserting_before(first):
+            buf = graph.call_function(_joined_buffer, (ref, tuple(out_meta.shape), out_meta.dtype))
+        for n, s, part in zip(producers, starts, parts):
+            with graph.inserting_before(n):
+                if stacked:
+                    slot = graph.call_function(_aten.select.int, (buf, dim, s))
+                else:
+                    slot = graph.call_function(_aten.narrow.default, (buf, dim, s, _contiguous_meta(part).shape[dim]))
+                new = graph.call_function(_compute_into, (slot, n.target, _out_overload(n.target), *n.args),
+                                          dict(n.kwargs))
+            new.meta.update(n.meta)
+            n.replace_all_uses_with(new)
+            graph.erase_node(n)
+        join.replace_all_uses_with(buf)
+        buf.meta.update(join.meta)
+        graph.erase_node(join)
+        done += 1
+    if done:
+        graph.lint()
+        gm.recompile()
+    return done

@@ -99,9 +99,10 @@ def _index_select(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _runner(spec, example: list) -> Callable:
     """``spec`` as a function of ``(x, seeds)``. On the CPU the gathers by the specialization's own
     constant indices run in :func:`asd.backends.cpu_kernels.take` (half the time of
-    ``index_select``)."""
+    ``index_select``); the parts of a ``stack``/``cat`` are computed into the joined buffer
+    (:func:`~asd.backends.graph_passes.join_in_place`)."""
     from .cpu_kernels import gathers_as_take, with_meta
-    from .graph_passes import reuse_buffers
+    from .graph_passes import join_in_place, reuse_buffers
 
     gm = _index_select(spec.gm)
     runtime, extras = spec.runtime, spec.extras
@@ -111,7 +112,10 @@ def _runner(spec, example: list) -> Callable:
         with torch.no_grad():
             with_meta(gm, example)
         gathers_as_take(gm, example, {nrun + i for i in range(len(extras)) if i not in spec.by_reference})
-    gm = reuse_buffers(_with_tensor_meta(gm, example))
+    gm = _with_tensor_meta(gm, example)
+    if join_in_place(gm):
+        gm = _with_tensor_meta(gm, example)
+    gm = reuse_buffers(gm)
 
     def run(x, seeds, _gm=gm, _runtime=runtime, _extras=extras):
         inputs = (x, seeds)

@@ -203,7 +203,13 @@ _JOIN_CASES = {
     # parts computed by pointwise chains (in-place steps, identity views) straight into the join
     "stack": (lambda a, b: torch.stack([(a * b).add_(1.5), (a + b).mul_(b).permute(0, 1)], 1), 1),
     "stack_first": (lambda a, b: torch.stack([torch.sin(a), b * 2.0, (a - b).view(3, 4)]), 1),
-    "stack_last": (lambda a, b: torch.stack([a * a, b.exp()], -1), 1),
+    "stack_last": (lambda a, b: torch.stack([a * a, (b - 1.0).div_(a)], -1), 1),
+    # strided slots take only one correctly rounded operation per element (see the test below)
+    "stack_last_exp": (lambda a, b: torch.stack([a * a, b.exp()], -1), 0),
+    "stack_last_alpha": (lambda a, b: torch.stack([a * a, torch.add(a, b, alpha=3.0)], -1), 0),
+    "cat_first_exp": (lambda a, b: torch.cat([a.exp(), b.sin()], 0), 1),
+    # an op whose out= overload takes other argument types (clamp_min.Tensor -> a Scalar min)
+    "clamp_tensor_bound": (lambda a, b: torch.stack([torch.clamp_min(a, b), b * 2.0]), 0),
     "cat": (lambda a, b: torch.cat([a * b, (b - 1.0).div_(a)], 0), 1),
     # the inner cat's parts only: the outer cat's second part is the inner's buffer, not a pointwise result
     "cat_nested": (lambda a, b: torch.cat([a + 1.0, torch.cat([a * b, b.neg()], 1)], 1), 1),
@@ -242,6 +248,22 @@ def test_join_in_place_computes_parts_into_the_joined_buffer_bit_for_bit(name):
         torch.testing.assert_close(r, e, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("op", [torch.sinh, torch.sigmoid, torch.exp, lambda t: torch.pow(t, 2.5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_join_in_place_keeps_transcendentals_out_of_strided_slots(op, dtype):
+    """Written into a strided slot (a stack along the last dimension), such ops ran PyTorch's scalar
+    loop where a fresh buffer gets the vectorized one, whose last bits differ (sinh: 2112 of 8192
+    elements): they keep their own buffer there; along the first dimension they are joined."""
+    g = torch.Generator().manual_seed(5)
+    a, b = (torch.rand(64, 64, dtype=torch.float64, generator=g).to(dtype) * 3 for _ in range(2))
+    for dim, joins in ((-1, 0), (0, 1)):
+        fn = lambda a, b: torch.stack([op(a), op(b)], dim)  # noqa: E731
+        gm = make_fx(fn)(a, b)
+        assert _joined(gm, [a, b]) == joins
+        ints = {8: torch.int64, 4: torch.int32}[a.element_size()]
+        assert torch.equal(gm(a, b).view(ints), fn(a, b).view(ints))
+
+
 def test_join_in_place_keeps_gradients_of_operands_that_record_them():
     """Where an operand records a gradient, the part is computed and copied into its slot (``out=``
     records none): the joined result has the same gradient."""
@@ -257,6 +279,14 @@ def test_join_in_place_keeps_gradients_of_operands_that_record_them():
     assert torch.equal(gw, ww)
     with torch.no_grad():
         assert torch.equal(gm(a, b), fn(a, b))
+    # the gradient-recording part first: the joined buffer then records one, and a later part's
+    # out= call raised (eager replay then gave up its graphs for good)
+    fn2 = lambda a, b: torch.stack([(a + w).mul_(2.0), a * b, b - 1.0])  # noqa: E731
+    gm2 = make_fx(fn2)(a, b)
+    assert _joined(gm2, [a, b]) == 1
+    got, want = gm2(a, b), fn2(a, b)
+    assert torch.equal(got, want)
+    assert torch.equal(torch.autograd.grad(got.sum(), w)[0], torch.autograd.grad(want.sum(), w)[0])
 
 
 def test_the_brusselator_replay_writes_both_species_into_one_buffer():

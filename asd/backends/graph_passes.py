@@ -163,22 +163,51 @@ def _out_overload(target):
     out = getattr(packet, name, None) if name in packet.overloads() else None
     if out is None:
         return None
-    args = [a.name for a in target._schema.arguments]
-    out_args = [a.name for a in out._schema.arguments]
-    return out if out_args == args + ["out"] else None
+    args = [(a.name, str(a.type)) for a in target._schema.arguments]
+    out_args = [(a.name, str(a.type)) for a in out._schema.arguments]
+    return out if out_args[:-1] == args and out_args[-1][0] == "out" else None
 
 
-def _part_producer(part) -> "Node | None":
-    """The fresh pointwise node whose buffer ``part`` is: through in-place pointwise ops (which
-    write into their first operand and return it) and views that change nothing (an identity
-    ``permute``, a ``view``/``reshape`` to the same shape), every node on the way used only there."""
-    n = part
+#: ops whose every element is one correctly rounded IEEE operation (``alpha`` left out or 1): the
+#: same bits whichever loop computes them. Into a strided slot TensorIterator may run other loops
+#: than into a fresh buffer (scalar ones, other tails), and a transcendental's vectorized and scalar
+#: versions round differently (so would ``a + alpha * b``, fused in the vectorized loop)
+_EXACT_ANY_LAYOUT = {_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.Tensor, _aten.neg.default,
+                     _aten.add_.Tensor, _aten.sub_.Tensor, _aten.mul_.Tensor, _aten.div_.Tensor, _aten.neg_.default}
+_WITH_ALPHA = {_aten.add.Tensor, _aten.sub.Tensor, _aten.add_.Tensor, _aten.sub_.Tensor}
+
+
+def _exact_in_any_layout(node: Node) -> bool:
+    """Whether ``node`` is one of :data:`_EXACT_ANY_LAYOUT` with ``alpha`` 1 on real operands."""
+    t = node.target
+    if t not in _EXACT_ANY_LAYOUT or set(node.kwargs) - {"alpha"}:
+        return False
+    alpha = node.kwargs.get("alpha", node.args[2] if t in _WITH_ALPHA and len(node.args) > 2 else 1)
+    if isinstance(alpha, Node) or alpha != 1:
+        return False
+    for a in (*node.args, node):
+        if isinstance(a, Node):
+            m = a.meta.get("tensor_meta")
+            if m is None or m.dtype.is_complex:
+                return False
+        elif isinstance(a, complex):
+            return False
+    return True
+
+
+def _part_producer(part) -> "tuple[Node, list[Node]] | None":
+    """The fresh pointwise node whose buffer ``part`` is, and the in-place pointwise ops (which
+    write into their first operand and return it) on the way, through views that change nothing
+    (an identity ``permute``, a ``view``/``reshape`` to the same shape); every node on the way is
+    used only there."""
+    n, in_place = part, []
     while True:
         if not isinstance(n, Node) or n.op != "call_function" or len(n.users) != 1:
             return None
         t = n.target
         src = n.args[0] if n.args else None
         if t in _IN_PLACE_OPS:
+            in_place.append(n)
             n = src
             continue
         if t is _aten.permute.default and list(n.args[1]) == list(range(len(n.args[1]))):
@@ -193,7 +222,7 @@ def _part_producer(part) -> "Node | None":
     if (not _fresh(n) or not isinstance(n.target, torch._ops.OpOverload) or torch.Tag.pointwise not in n.target.tags
             or _out_overload(n.target) is None or _contiguous_meta(n) is None):
         return None
-    return n
+    return n, in_place
 
 
 def _joined_buffer(ref: torch.Tensor, shape, dtype) -> torch.Tensor:
@@ -201,9 +230,11 @@ def _joined_buffer(ref: torch.Tensor, shape, dtype) -> torch.Tensor:
 
 
 def _compute_into(out: torch.Tensor, op, out_op, *args, **kwargs) -> torch.Tensor:
-    """``op(*args)`` written into ``out`` (a slot of a joined buffer): by its ``out=`` overload,
-    the same kernel; ``copy_`` of the functional result where an operand records a gradient."""
-    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+    """``op(*args)`` written into ``out`` (a slot of a joined buffer): by its ``out=`` overload;
+    ``copy_`` of the functional result where a gradient is recorded (an operand, or the buffer
+    after an earlier part copied one in, requires grad: ``out=`` records none)."""
+    if torch.is_grad_enabled() and (out.requires_grad
+                                    or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
         return out.copy_(op(*args, **kwargs))
     return out_op(*args, **kwargs, out=out)
 
@@ -212,8 +243,12 @@ def join_in_place(gm: GraphModule) -> int:
     """Compute the parts of a ``stack``/``cat`` straight into the joined buffer, in place in ``gm``
     (for eager replay): a part whose buffer is a fresh pointwise result, used only on its way to
     the join, is written by that op's ``out=`` overload into its slot of the joined buffer, and
-    the join's copy disappears. The same kernels on the same operands: the same bits. Reads the
-    nodes' ``tensor_meta`` (``ShapeProp``); returns the number of joins removed."""
+    the join's copy disappears. A contiguous slot (a join along its first dimension of more than
+    one element) gets any such op: the same loops over the same elements as a fresh buffer. A
+    strided slot only gets ops that are one correctly rounded operation per element (``+ - * /``,
+    negation, real dtypes): another loop order or a scalar tail changes no bit of those, but does
+    change a transcendental's. Reads the nodes' ``tensor_meta`` (``ShapeProp``); returns the
+    number of joins removed."""
     graph = gm.graph
     done = 0
     for join in list(graph.nodes):
@@ -226,12 +261,16 @@ def join_in_place(gm: GraphModule) -> int:
         stacked = join.target is _aten.stack.default
         dim = join.args[1] if len(join.args) > 1 else 0
         dim = dim % len(out_meta.shape) if len(out_meta.shape) else 0
+        # a slot is contiguous where every dimension before the joined one has one element
+        contiguous_slots = all(size == 1 for size in out_meta.shape[:dim])
         producers, starts, start = [], [], 0
         for part in parts:
-            n = _part_producer(part)
+            found = _part_producer(part)
+            n, in_place = found if found is not None else (None, [])
             m = _contiguous_meta(part) if isinstance(part, Node) else None
             pm = _contiguous_meta(n) if n is not None else None
-            if n is None or m is None or pm is None or pm.dtype != out_meta.dtype or tuple(pm.shape) != tuple(m.shape):
+            if (n is None or m is None or pm is None or pm.dtype != out_meta.dtype or tuple(pm.shape) != tuple(m.shape)
+                    or not (contiguous_slots or all(_exact_in_any_layout(k) for k in (n, *in_place)))):
                 producers = None
                 break
             want = list(out_meta.shape)

@@ -319,6 +319,30 @@ def test_a_failing_compiler_falls_back_to_eager_with_a_warning(monkeypatch):
     assert "compiler exploded" in _tracing(op).error and "compiler exploded" in _tracing(op).compile_refused
 
 
+def test_compiled_products_failing_at_a_later_call_are_evaluated_by_the_transforms(monkeypatch):
+    """A compiled graph that answered its first call and raises at a later one: the caller got
+    the exception. Now that call and the later ones go to the plain transforms, with one warning."""
+    f, x = brusselator(4), brusselator_input(4)
+    op = asd.prepare_jacobian(f, x, compile=True)
+    op(x)
+    tracing = _tracing(op)
+    assert tracing.compiled is not None and tracing.graphs
+
+    def broken(self, *a):
+        raise RuntimeError("kernel failed")
+
+    monkeypatch.setattr(compile_cache.CompiledProducts, "__call__", broken)
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("torch.compile was used"))
+    x2 = brusselator_input(4, seed=3)
+    with pytest.warns(RuntimeWarning, match="failed at a later call"):
+        J = op(x2)
+    torch.testing.assert_close(J.to_dense(), torch.func.jacfwd(f)(x2))
+    assert tracing.disabled and "kernel failed" in tracing.compile_refused and not tracing.unrecordable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+
+
 def test_refused_compiled_products_are_evaluated_without_torch_compile(monkeypatch):
     """Compiled products that fail or are refused (their check, a tensor Inductor would read wrong)
     are evaluated by the plain transforms with a warning: torch.compile of the transforms runs

@@ -235,12 +235,28 @@ class Tracing:
                 and not getattr(graph, "captured", False)):
             graph = self.graphs[key] = self._graphed(graph, x, seeds)  # compiled at a call that needed grad
         if self.compile:
-            return graph(x, seeds)
+            try:
+                return graph(x, seeds)
+            except Exception as exc:  # noqa: BLE001 - the compiled kernels failed after their first call
+                return self._compiled_failed(exc)
         try:
             return graph(x, seeds)
         except Exception:  # noqa: BLE001 - a recorded view of a tensor whose strides changed (W.t_())
             self._relayout(key)  # this call through the transforms; recorded again at the next
             return None
+
+    def _compiled_failed(self, exc: Exception) -> None:
+        """A compiled graph that answered its first call raised at a later one: this call and every
+        later one are evaluated by the plain transforms (never by ``torch.compile``, whose kernels
+        share Inductor's), with one warning."""
+        import warnings
+
+        self.error = self.compile_refused = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        self.disabled = True
+        self.graphs.clear()
+        warnings.warn(f"asd: the compiled products failed at a later call ({self.error}); this operator evaluates "
+                      "them with the plain transforms from now on", RuntimeWarning, stacklevel=2)
+        return None
 
     def _relayout(self, key) -> bool:
         """Drop the graph of ``key``, recorded for tensors whose layout changed since; ``False``

@@ -334,13 +334,32 @@ def test_compiled_products_failing_at_a_later_call_are_evaluated_by_the_transfor
     monkeypatch.setattr(compile_cache.CompiledProducts, "__call__", broken)
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("torch.compile was used"))
     x2 = brusselator_input(4, seed=3)
-    with pytest.warns(RuntimeWarning, match="failed at a later call"):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         J = op(x2)
+    # one warning (there were two, the second saying the products were not compiled)
+    assert [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)] == [
+        "asd: the compiled graph failed at a later call: RuntimeError: kernel failed; evaluating them without "
+        "compilation"]
     torch.testing.assert_close(J.to_dense(), torch.func.jacfwd(f)(x2))
     assert tracing.disabled and "kernel failed" in tracing.compile_refused and not tracing.unrecordable
+    assert tracing.compiled is None and not tracing.graphs
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+
+
+def test_a_compiler_error_without_a_message_is_reported_by_its_type(monkeypatch):
+    def broken(*a, **k):
+        raise AssertionError
+
+    monkeypatch.setattr(compile_cache, "compile_graph", broken)
+    f, x = brusselator(4), brusselator_input(4)
+    op = asd.prepare_jacobian(f, x, compile=True)
+    with pytest.warns(RuntimeWarning, match=r"not compiled \(AssertionError\)"):
+        J = op(x)  # the handler itself raised IndexError on the empty message
+    torch.testing.assert_close(J.to_dense(), torch.func.jacfwd(f)(x))
+    assert _tracing(op).compile_refused == "AssertionError"
 
 
 def test_refused_compiled_products_are_evaluated_without_torch_compile(monkeypatch):

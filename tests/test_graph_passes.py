@@ -264,6 +264,50 @@ def test_join_in_place_keeps_transcendentals_out_of_strided_slots(op, dtype):
         assert torch.equal(gm(a, b).view(ints), fn(a, b).view(ints))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_join_in_place_keeps_reduced_precision_out_of_strided_slots(dtype):
+    """Into a strided slot PyTorch's scalar loop gave another NaN than the vectorized loop into a
+    fresh buffer (bfloat16 inf * 0: 0x7fc0 against 0xffff, the sign bit; float16 NaN payloads)."""
+    a = torch.full((64, 64), float("inf"), dtype=dtype)
+    b = torch.zeros(64, 64, dtype=dtype)
+    fn = lambda a, b: torch.stack([a * b, a - b], -1)  # noqa: E731
+    gm = make_fx(fn)(a, b)
+    assert _joined(gm, [a, b]) == 0
+    assert torch.equal(gm(a, b).view(torch.int16), fn(a, b).view(torch.int16))
+
+
+def test_join_in_place_runs_the_recorded_operations_where_derivatives_are_recorded():
+    """A part whose chain ends with an in-place step after a later, gradient-recording part was
+    written raised (the buffer then recorded a gradient); under forward-mode AD or a torch.func
+    transform out= records nothing either. Such calls run the recorded operations and join."""
+    import torch.autograd.forward_ad as fwAD
+
+    w = torch.rand(3, 4, dtype=torch.float64, requires_grad=True)
+
+    def fn(a, b):
+        p1 = a * b
+        p2 = a + w
+        p1.add_(1.0)
+        return torch.stack([p1, p2, b * 3.0])
+
+    a, b = torch.rand(3, 4, dtype=torch.float64), torch.rand(3, 4, dtype=torch.float64)
+    gm = make_fx(fn)(a, b)
+    assert _joined(gm, [a, b]) == 1
+    got, want = gm(a, b), fn(a, b)
+    assert torch.equal(got, want)
+    assert torch.equal(torch.autograd.grad(got.sum(), w)[0], torch.autograd.grad(want.sum(), w)[0])
+    with torch.no_grad():
+        assert torch.equal(gm(a, b), fn(a, b))
+    t = torch.rand(3, 4, dtype=torch.float64)
+    with torch.no_grad(), fwAD.dual_level():
+        got = fwAD.unpack_dual(gm(fwAD.make_dual(a, t), b))
+        want = fwAD.unpack_dual(fn(fwAD.make_dual(a, t), b))
+        assert torch.equal(got.primal, want.primal) and torch.equal(got.tangent, want.tangent)
+    with torch.no_grad():
+        batch = torch.rand(5, 3, 4, dtype=torch.float64)
+        assert torch.equal(torch.func.vmap(gm, (0, None))(batch, b), torch.func.vmap(fn, (0, None))(batch, b))
+
+
 def test_join_in_place_keeps_gradients_of_operands_that_record_them():
     """Where an operand records a gradient, the part is computed and copied into its slot (``out=``
     records none): the joined result has the same gradient."""

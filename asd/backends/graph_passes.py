@@ -174,11 +174,13 @@ def _out_overload(target):
 #: versions round differently (so would ``a + alpha * b``, fused in the vectorized loop)
 _EXACT_ANY_LAYOUT = {_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.Tensor, _aten.neg.default,
                      _aten.add_.Tensor, _aten.sub_.Tensor, _aten.mul_.Tensor, _aten.div_.Tensor, _aten.neg_.default}
+_FULL_FLOATS = (torch.float32, torch.float64)
 _WITH_ALPHA = {_aten.add.Tensor, _aten.sub.Tensor, _aten.add_.Tensor, _aten.sub_.Tensor}
 
 
 def _exact_in_any_layout(node: Node) -> bool:
-    """Whether ``node`` is one of :data:`_EXACT_ANY_LAYOUT` with ``alpha`` 1 on real operands."""
+    """Whether ``node`` is one of :data:`_EXACT_ANY_LAYOUT` with ``alpha`` 1 on real operands of
+    full precision (or integers)."""
     t = node.target
     if t not in _EXACT_ANY_LAYOUT or set(node.kwargs) - {"alpha"}:
         return False
@@ -188,7 +190,8 @@ def _exact_in_any_layout(node: Node) -> bool:
     for a in (*node.args, node):
         if isinstance(a, Node):
             m = a.meta.get("tensor_meta")
-            if m is None or m.dtype.is_complex:
+            # float16/bfloat16: the scalar loop's NaN is not the vectorized one's (sign, payload)
+            if m is None or m.dtype.is_complex or (m.dtype.is_floating_point and m.dtype not in _FULL_FLOATS):
                 return False
         elif isinstance(a, complex):
             return False
@@ -225,18 +228,47 @@ def _part_producer(part) -> "tuple[Node, list[Node]] | None":
     return n, in_place
 
 
-def _joined_buffer(ref: torch.Tensor, shape, dtype) -> torch.Tensor:
+def _records_derivatives(inputs) -> bool:
+    """Whether the graph's operations would record a derivative: an input that requires grad (with
+    grad enabled), a forward-mode dual level, or a torch.func transform around the call. ``out=``
+    records none, so the graph then runs its original operations."""
+    if torch.autograd.forward_ad._current_level >= 0:
+        return True
+    grad = torch.is_grad_enabled()
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and ((grad and t.requires_grad)
+                                            or torch._C._functorch.is_functorch_wrapped_tensor(t)):
+            return True
+    return False
+
+
+def _joined_buffer(shape, dtype, *inputs) -> "torch.Tensor | None":
+    """The joined buffer, on the device of the graph's first tensor input; ``None`` where the
+    call records derivatives (then every part is computed as recorded, and joined as recorded)."""
+    if _records_derivatives(inputs):
+        return None
+    ref = next(t for t in inputs if isinstance(t, torch.Tensor))
     return torch.empty(shape, dtype=dtype, device=ref.device)
 
 
-def _compute_into(out: torch.Tensor, op, out_op, *args, **kwargs) -> torch.Tensor:
-    """``op(*args)`` written into ``out`` (a slot of a joined buffer): by its ``out=`` overload;
-    ``copy_`` of the functional result where a gradient is recorded (an operand, or the buffer
-    after an earlier part copied one in, requires grad: ``out=`` records none)."""
-    if torch.is_grad_enabled() and (out.requires_grad
-                                    or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
-        return out.copy_(op(*args, **kwargs))
+def _slot(buf, dim: int, start: int, length: "int | None"):
+    if buf is None:
+        return None
+    return buf.select(dim, start) if length is None else buf.narrow(dim, start, length)
+
+
+def _compute_into(out, op, out_op, *args, **kwargs) -> torch.Tensor:
+    """``op(*args)`` written into ``out`` (a slot of a joined buffer) by its ``out=`` overload; the
+    recorded op itself where there is no buffer."""
+    if out is None:
+        return op(*args, **kwargs)
     return out_op(*args, **kwargs, out=out)
+
+
+def _join(buf, join, parts, *args) -> torch.Tensor:
+    """The joined buffer, which the parts were computed into; the recorded join of the parts where
+    there is none."""
+    return join(parts, *args) if buf is None else buf
 
 
 def join_in_place(gm: GraphModule) -> int:
@@ -288,25 +320,30 @@ def join_in_place(gm: GraphModule) -> int:
             continue
         order = {n: i for i, n in enumerate(graph.nodes)}
         first = min(producers, key=order.__getitem__)
-        # the device of the graph's first tensor input (an operand could be a CPU scalar tensor)
-        ref = next((a for a in graph.nodes if a.op == "placeholder" and "tensor_meta" in a.meta), None)
-        if ref is None:
+        # the graph's tensor inputs: the buffer's device is the first's (an operand could be a CPU
+        # scalar tensor), and any of them recording a derivative keeps the recorded operations
+        inputs = tuple(a for a in graph.nodes if a.op in ("placeholder", "get_attr") and "tensor_meta" in a.meta)
+        if not inputs or inputs[0].op != "placeholder":
             continue
+        for a in inputs:  # an attribute read later in the graph is read before the buffer (it depends on nothing)
+            if a.op == "get_attr" and order[a] > order[first]:
+                first.prepend(a)
         with graph.inserting_before(first):
-            buf = graph.call_function(_joined_buffer, (ref, tuple(out_meta.shape), out_meta.dtype))
+            buf = graph.call_function(_joined_buffer, (tuple(out_meta.shape), out_meta.dtype, *inputs))
         for n, s, part in zip(producers, starts, parts):
             with graph.inserting_before(n):
-                if stacked:
-                    slot = graph.call_function(_aten.select.int, (buf, dim, s))
-                else:
-                    slot = graph.call_function(_aten.narrow.default, (buf, dim, s, _contiguous_meta(part).shape[dim]))
+                length = None if stacked else _contiguous_meta(part).shape[dim]
+                slot = graph.call_function(_slot, (buf, dim, s, length))
                 new = graph.call_function(_compute_into, (slot, n.target, _out_overload(n.target), *n.args),
                                           dict(n.kwargs))
             new.meta.update(n.meta)
             n.replace_all_uses_with(new)
             graph.erase_node(n)
-        join.replace_all_uses_with(buf)
-        buf.meta.update(join.meta)
+        with graph.inserting_before(join):
+            # (the join's own arguments: a part that was its producer has been replaced)
+            joined = graph.call_function(_join, (buf, join.target, list(join.args[0]), *join.args[1:]))
+        join.replace_all_uses_with(joined)
+        joined.meta.update(join.meta)
         graph.erase_node(join)
         done += 1
     if done:

@@ -65,6 +65,12 @@ CALLS_BEFORE_TRACING = 50
 MAX_MISSES = 2
 
 
+def _reason(exc: BaseException) -> str:
+    """``"Type: first line of the message"`` (an exception without a message: its type)."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0][:160]}" if lines else type(exc).__name__
+
+
 def _records_grad(compiled) -> bool:
     """Whether a call of the compiled products would have to record gradients: compiled kernels
     record none, so a parameter of ``f`` that requires grad (with grad enabled) sends the call to
@@ -216,7 +222,7 @@ class Tracing:
                                                        owned=self.owned)
                 out = graph(x, seeds)
             except Exception as exc:  # noqa: BLE001 - not traceable: keep the transforms
-                self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                self.error = _reason(exc)
                 self.disabled = True
                 self.unrecordable = not recorded
                 if recorded and self.compile:  # compiling, its check, or the compiled graph's first call failed
@@ -246,16 +252,13 @@ class Tracing:
             return None
 
     def _compiled_failed(self, exc: Exception) -> None:
-        """A compiled graph that answered its first call raised at a later one: this call and every
-        later one are evaluated by the plain transforms (never by ``torch.compile``, whose kernels
-        share Inductor's), with one warning."""
-        import warnings
-
-        self.error = self.compile_refused = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        """A compiled graph raised at a call after its compilation: this call and every later one
+        are evaluated by the plain transforms (never by ``torch.compile``, whose kernels share
+        Inductor's); :class:`~asd.backends.base.BatchedProducts` warns once with the reason."""
+        self.error = self.compile_refused = f"the compiled graph failed at a later call: {_reason(exc)}"
         self.disabled = True
         self.graphs.clear()
-        warnings.warn(f"asd: the compiled products failed at a later call ({self.error}); this operator evaluates "
-                      "them with the plain transforms from now on", RuntimeWarning, stacklevel=2)
+        self.compiled = None  # its kernels and folded constants are not kept alive
         return None
 
     def _relayout(self, key) -> bool:

@@ -173,10 +173,10 @@ class BatchedProducts:
             if self.tracing.compile_refused is not None:
                 if self._compile_transforms:  # once: the reason stays in tracing.compile_refused
                     self._compiled = None
-                    reason = self.tracing.compile_refused
-                    what = (f"asd: {reason}" if reason.startswith("the compiled graph failed")
-                            else f"asd: the products were not compiled ({reason})")
-                    warnings.warn(f"{what}; evaluating them without compilation", RuntimeWarning, stacklevel=3)
+                    what = ("the compiled graph failed at a later call" if self.tracing.failed_later
+                            else "the products were not compiled")
+                    warnings.warn(f"asd: {what} ({self.tracing.compile_refused}); evaluating them without "
+                                  "compilation", RuntimeWarning, stacklevel=3)
                 return self._call(self._eager, x, seeds)
             if self.tracing.compile and not self.tracing.unrecordable:
                 # a call the compiled graph does not answer (one recording gradients): the transforms,

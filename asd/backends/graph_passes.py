@@ -275,11 +275,13 @@ def join_in_place(gm: GraphModule) -> int:
     """Compute the parts of a ``stack``/``cat`` straight into the joined buffer, in place in ``gm``
     (for eager replay): a part whose buffer is a fresh pointwise result, used only on its way to
     the join, is written by that op's ``out=`` overload into its slot of the joined buffer, and
-    the join's copy disappears. A contiguous slot (a join along its first dimension of more than
-    one element) gets any such op: the same loops over the same elements as a fresh buffer. A
-    strided slot only gets ops that are one correctly rounded operation per element (``+ - * /``,
-    negation, real dtypes): another loop order or a scalar tail changes no bit of those, but does
-    change a transcendental's. Reads the nodes' ``tensor_meta`` (``ShapeProp``); returns the
+    the join's copy disappears. A contiguous slot (every dimension before the joined one has one
+    element: a join along the first dimension, say) gets any such op: the same loops over the same
+    elements as a fresh buffer. A strided slot only gets ops that are one correctly rounded
+    operation per element (``+ - * /`` and negation with ``alpha`` 1, on float32/float64 or
+    integers): another loop order or a scalar tail changes no bit of those, but does change a
+    transcendental's, and a half-precision NaN's. A call that records derivatives runs the
+    recorded operations and join. Reads the nodes' ``tensor_meta`` (``ShapeProp``); returns the
     number of joins removed."""
     graph = gm.graph
     done = 0

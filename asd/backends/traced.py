@@ -145,6 +145,9 @@ class Tracing:
         #: recording failed): the only case in which a compiled operator uses torch.compile; every
         #: other call the graph does not answer goes to the plain transforms
         self.unrecordable = False
+        #: the compiled graph answered its first call and raised at a later one (``compile_refused``
+        #: says why): later calls are evaluated by the plain transforms
+        self.failed_later = False
 
     def _record(self, make_fx, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products' graph: a compiled operator records it without ``make_fx`` (which imports
@@ -255,7 +258,8 @@ class Tracing:
         """A compiled graph raised at a call after its compilation: this call and every later one
         are evaluated by the plain transforms (never by ``torch.compile``, whose kernels share
         Inductor's); :class:`~asd.backends.base.BatchedProducts` warns once with the reason."""
-        self.error = self.compile_refused = f"the compiled graph failed at a later call: {_reason(exc)}"
+        self.error = self.compile_refused = _reason(exc)
+        self.failed_later = True
         self.disabled = True
         self.graphs.clear()
         self.compiled = None  # its kernels and folded constants are not kept alive

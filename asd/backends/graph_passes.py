@@ -172,10 +172,10 @@ def _out_overload(target):
 #: same bits whichever loop computes them. Into a strided slot TensorIterator may run other loops
 #: than into a fresh buffer (scalar ones, other tails), and a transcendental's vectorized and scalar
 #: versions round differently (so would ``a + alpha * b``, fused in the vectorized loop)
-_EXACT_ANY_LAYOUT = {_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.Tensor, _aten.neg.default,
-                     _aten.add_.Tensor, _aten.sub_.Tensor, _aten.mul_.Tensor, _aten.div_.Tensor, _aten.neg_.default}
+_EXACT = (_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.Tensor, _aten.neg.default)
+_EXACT_ANY_LAYOUT = frozenset(_EXACT) | frozenset(_IN_PLACE[t] for t in _EXACT)
 _FULL_FLOATS = (torch.float32, torch.float64)
-_WITH_ALPHA = {_aten.add.Tensor, _aten.sub.Tensor, _aten.add_.Tensor, _aten.sub_.Tensor}
+_WITH_ALPHA = frozenset({_aten.add.Tensor, _aten.sub.Tensor, _IN_PLACE[_aten.add.Tensor], _IN_PLACE[_aten.sub.Tensor]})
 
 
 def _exact_in_any_layout(node: Node) -> bool:

@@ -6,6 +6,11 @@ VJPs, and for Hessians the other Hessian-vector product flavour. A stale or too-
 a coloring that does not fit the function, or one of PyTorch's wrong AD formulas shows up as a
 disagreement far beyond rounding. Cost: one product and one sparse matrix-vector product.
 
+Each row of the two products is judged at its own scale (``|A| |v|`` in that row, with a floor of
+``eps ** ROW_FLOOR_POWER`` times the largest row's), so that a row of small entries beside rows of
+large ones is checked as well, down to about 10^-9 of the largest (float64); an entry far below the
+largest of its own row is within that row's rounding and can be wrong unnoticed.
+
 The probe's own product avoids the AD modes the trace ruled out (``op.unsafe``, see
 :mod:`asd.detection.ad_gaps`), and one that is not finite where the values are is passed over for
 the next: a probe must not raise for a formula PyTorch gets wrong. A derivative that is zero to
@@ -43,9 +48,12 @@ class CheckReport:
     scale: float
     tolerance: float
     product: str
+    #: the element of the product judged worst, where the check failed
+    row: int | None = None
 
     def __str__(self) -> str:
-        return (f"{self.product}: max difference {self.error:.3g} against a scale of {self.scale:.3g} "
+        where = "" if self.row is None else f" in element {self.row}"
+        return (f"{self.product}: max difference {self.error:.3g}{where} against a scale of {self.scale:.3g} "
                 f"(tolerance {self.tolerance:.3g} relative)")
 
 
@@ -102,11 +110,11 @@ def _floor(g: Callable, x: torch.Tensor, dtype: torch.dtype, order: int) -> floa
 
 # the AD building blocks (asd.detection.ad_gaps.MODES) of each probe product
 _MODES = {
-    "reverse-over-forward Hessian-vector product": {"forward", "reverse_over_forward"},
-    "forward-over-reverse Hessian-vector product": {"forward", "forward_over_reverse"},
-    "double-backward Hessian-vector product": set(),
-    "vector-Jacobian product": set(),
-    "autograd vector-Jacobian product": set(),
+    "reverse-over-forward Hessian-vector product": {"forward", "reverse_over_forward", "reverse"},
+    "forward-over-reverse Hessian-vector product": {"forward", "forward_over_reverse", "reverse"},
+    "double-backward Hessian-vector product": {"reverse"},
+    "vector-Jacobian product": {"reverse"},
+    "autograd vector-Jacobian product": {"reverse"},
     "Jacobian-vector product": {"forward"},
 }
 
@@ -172,8 +180,10 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
         }
         order = [k for k in others if not k.startswith(_FLAVOUR.get(op.hvp, "-"))]
     elif isinstance(coloring, ColumnColoring):
+        # last, where reverse mode is wrong for f: one uncompressed JVP, still independent of the coloring
         others = {"vector-Jacobian product": ("u", lambda: _vjp(g, xf, u())),
-                  "autograd vector-Jacobian product": ("u", lambda: _autograd_vjp(g, xf, u()))}
+                  "autograd vector-Jacobian product": ("u", lambda: _autograd_vjp(g, xf, u())),
+                  "Jacobian-vector product": ("v", lambda: _dual_jvp(g, xf, v()))}
         order = list(others)
     else:  # row colorings and bicolorings: a JVP; without forward AD, a plain reverse product (still
         # independent of the coloring)
@@ -183,6 +193,7 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
     unsafe = set(getattr(op, "unsafe", {}) or {})
     order = [name for name in order if not _MODES[name] & unsafe]
     tol = _tolerance(dt)
+    row_floor = float(torch.finfo(dt).eps) ** ROW_FLOOR_POWER
     ref = what = got = scale = None
     for name in order:
         which, product = others[name]
@@ -194,24 +205,53 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
         _, mine, mine_scale = side(which)
         if mine.numel() == 0:
             return CheckReport(True, 0.0, 0.0, tol, name)
-        err = float((mine - candidate).abs().max())
-        size = float(candidate.abs().max())
-        if err <= tol * size:  # the common verdict, settled without the rounding scale (>= |A v|)
-            return CheckReport(True, err, size, tol, name)
+        # the common verdict, settled without the rounding scale (|A| |v| >= |A v| in every row)
+        verdict = _rows_agree(mine, candidate, candidate.abs(), tol, row_floor)
+        if verdict.ok:
+            return CheckReport(True, verdict.error, verdict.scale, tol, name)
         if not torch.isfinite(candidate).all() and torch.isfinite(mine).all():
             continue  # PyTorch's formula fails where the values are finite: not evidence
         ref, what, got, scale = candidate, name, mine, mine_scale
         break
     if ref is None:
         return CheckReport(True, 0.0, 0.0, tol, "no independent product available")
-    err = float((got - ref).abs().max())
     full = scale()
-    sc = max(float(full.max()) if full.numel() else 0.0, float(ref.abs().max()))
-    ok = bool(err <= tol * sc)
-    if not ok and err == err:  # a derivative at rounding level: judge it at the function's scale
+    verdict = _rows_agree(got, ref, torch.maximum(full, ref.abs()) if full.numel() else ref.abs(), tol, row_floor)
+    ok = verdict.ok
+    if not ok and verdict.error == verdict.error:  # a derivative at rounding level: judge it at the function's scale
         hessian = isinstance(coloring, (StarColoring, AcyclicColoring))
         try:
-            ok = err <= _floor(g, xf, dt, 2 if hessian else 1)
+            ok = float((got - ref).abs().max()) <= _floor(g, xf, dt, 2 if hessian else 1)
         except Exception:  # noqa: BLE001 - f does not run plainly here: keep the relative verdict
             ok = False
-    return CheckReport(ok, err, sc, tol, what)
+    return CheckReport(ok, verdict.error, verdict.scale, tol, what, None if ok else verdict.row)
+
+
+#: a row's difference below ``eps ** ROW_FLOOR_POWER`` times the largest row scale is rounding,
+#: whatever the row's own scale: rows up to about 10^9 (float64; 10^4 in float32) below the largest
+#: are checked (a stiff system's small rows), while a row whose intermediates are up to about 10^6
+#: times its result (cancellation) still passes
+ROW_FLOOR_POWER = 0.6
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    ok: bool
+    error: float  #: the difference in the row judged worst
+    scale: float  #: the scale that row is judged against (``error <= tol * scale`` where it passes)
+    row: int | None = None
+
+
+def _rows_agree(mine: torch.Tensor, ref: torch.Tensor, local: torch.Tensor, tol: float,
+                row_floor: float) -> _Verdict:
+    """Row by row: ``|mine - ref| <= tol * local + row_floor * max(local)``. A comparison against
+    the largest entry alone passes rows that are wrong on a scale far below it (a row of unit
+    entries beside rows of 10^8 missing its entries altogether)."""
+    diff = (mine - ref).abs()
+    top = float(local.max())
+    slack = float((diff - tol * local).max())  # NaN anywhere: NaN, no agreement
+    if slack <= row_floor * top:
+        return _Verdict(True, float(diff.max()), top + (row_floor / tol) * top)
+    effective = local + (row_floor / tol) * top
+    worst = int(torch.nan_to_num(diff / effective, nan=float("inf")).argmax())
+    return _Verdict(False, float(diff[worst]), float(effective[worst]), worst)

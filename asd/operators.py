@@ -27,7 +27,7 @@ from .backends.traced import CALLS_BEFORE_TRACING, Tracing
 from .cache import ValueGuard, fingerprint
 from .checks import CheckReport, checks_forced, probe
 from .backends.autograd_loop import AutogradLoop
-from .detection.ad_gaps import unsafe_modes
+from .detection.ad_gaps import refusal_fix, unsafe_modes
 from .errors import ADGapError, ADGapWarning, AsdError, CheckError, InputError, TransformUnsupported
 from .guards import ModuleStateGuard
 from .memory import auto_batch_size
@@ -199,7 +199,18 @@ def _tracing_factory(f: Callable, box: _CallArgs) -> Callable[[], Tracing]:
 
 
 class _SparseOperator:
-    """Evaluation shared by the prepared operators: (pattern, coloring, backend state, decompressor)."""
+    """Evaluation shared by the prepared operators: (pattern, coloring, backend state, decompressor).
+
+    A prepared operator holds the pattern of ``f`` as it was at preparation, as a jitted function
+    holds its trace: it is not detected again when what ``f`` reads changes its structure (a
+    Python flag or loop count, an index tensor written in place, a float argument or global that a
+    Python ``if`` compares). Values follow such changes; a pattern that no longer holds is found
+    only by the probe, with ``check=True`` or extra arguments that differ in more than float
+    values, and the probe judges each row at its own scale, so an entry many orders below the
+    largest of its row can be missed. Prepare again after such a change; :func:`asd.sparse_jacobian`
+    and :func:`asd.sparse_hessian` do that themselves where the fingerprint of what ``f`` reads
+    (float values aside) changes.
+    """
 
     _what = "this operator"
     pattern: SparsityPattern
@@ -273,10 +284,11 @@ class _SparseOperator:
                 except Exception:  # noqa: BLE001 - not traceable: the modes stay unknown
                     self.trace_info = None
         self.unsafe = unsafe_modes(self.trace_info)
-        if "reverse" in self.unsafe:
-            raise ADGapError(f"asd: {self.unsafe['reverse']}, so no evaluation of this function's derivative "
-                             "would be right; asd refuses rather than return a wrong matrix. Write that step "
-                             "with ordinary indexing (slices, index_put_, scatter) on the tensor itself.")
+        if "reverse" in self.unsafe and self._needs_reverse():
+            reasons = dict.fromkeys(self.unsafe[m] for m in ("reverse", "forward") if m in self.unsafe)
+            raise ADGapError(f"asd: {'; and '.join(reasons)}, so no evaluation of this function's derivative "
+                             f"would be right; asd refuses rather than return a wrong matrix. "
+                             f"{refusal_fix(self.trace_info)}")
         self.timings["detection"] = time.perf_counter() - t0
 
     def _choose_coloring(self, choose: Callable):
@@ -681,6 +693,10 @@ class SparseJacobian(_SparseOperator):
 
     _what = "this SparseJacobian"
 
+    def _needs_reverse(self) -> bool:
+        """Whether plain reverse mode being wrong leaves no evaluation: forward mode is wrong too."""
+        return "forward" in self.unsafe
+
     def __init__(self, f: Callable, x: torch.Tensor, *, mode: str = "auto", coloring: str | None = None,
                  order: str = "natural", batch_size: int | None = None, compile: bool | str = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
@@ -802,6 +818,10 @@ class SparseHessian(_SparseOperator):
     """
 
     _what = "this SparseHessian"
+
+    def _needs_reverse(self) -> bool:
+        """Every Hessian-vector product differentiates a gradient: plain reverse mode is needed."""
+        return True
 
     def __init__(self, f: Callable, x: torch.Tensor, *, coloring: str | None = None, order: str = "natural",
                  hvp: str = "auto", batch_size: int | None = None, compile: bool | str = False,

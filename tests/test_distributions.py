@@ -131,3 +131,34 @@ def test_bad_arguments():
         SparseMultivariateNormal(loc, scale_tril=strict.to_sparse_csr(), diagonal=-d, validate_args=True)
     with pytest.raises(InputError, match="sparse COO or CSR"):
         SparseMultivariateNormal(loc, scale_tril=strict + torch.eye(N, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("form", ["scale_tril", "precision_tril"])
+def test_ldl_forms_ignore_a_stored_unit_diagonal(form):
+    """The LDL^T forms ignore stored diagonal entries of L (documented); rsample of the scale form
+    and log_prob of the precision form multiplied with them (found by an adversarial review)."""
+    n = 4
+    Ls = torch.tensor([[0, 0, 0, 0], [0.5, 0, 0, 0], [-1.0, 2.0, 0, 0], [0, 0.3, -0.7, 0]], dtype=torch.float64)
+    D = torch.tensor([1.0, 2.0, 0.5, 1.5], dtype=torch.float64)
+    loc = torch.tensor([0.1, -0.2, 0.3, 0.0], dtype=torch.float64)
+    U = Ls + torch.eye(n, dtype=torch.float64)
+    M = U @ torch.diag(D) @ U.T
+    ref = MultivariateNormal(loc, **({"covariance_matrix": M} if form == "scale_tril" else {"precision_matrix": M}))
+    x = torch.randn(5, n, dtype=torch.float64)
+    results = []
+    for stored in (Ls, U, Ls + 3 * torch.eye(n, dtype=torch.float64)):  # none, ones, anything on the diagonal
+        L = stored.to_sparse_csr().requires_grad_()
+        d = SparseMultivariateNormal(loc, diagonal=D, **{form: L})
+        torch.testing.assert_close(d.log_prob(x), ref.log_prob(x))
+        torch.manual_seed(7)
+        s = d.rsample((3,))
+        results.append(s)
+        (s.sum() + d.log_prob(x).sum()).backward()
+        g = L.grad.to_dense()
+        assert bool((g.diagonal() == 0).all())  # an ignored entry has no gradient
+    torch.testing.assert_close(results[1], results[0])
+    torch.testing.assert_close(results[2], results[0])
+    if form == "scale_tril":  # the sample map x = loc + U D^(1/2) eps
+        torch.manual_seed(7)
+        eps = torch.randn(3, n, dtype=torch.float64)
+        torch.testing.assert_close(results[0], loc + (U @ (D.sqrt() * eps).T).T)

@@ -446,3 +446,80 @@ def test_scan_operand_counts_in_both_parameter_forms():
         scan_counts(dict(length=3))
     eqn = jax.make_jaxpr(lambda c, x: lax.scan(lambda c, xi: (c + xi, c), c, x))(1.0, jnp.ones(3)).eqns[-1]
     assert eqn.primitive.name == "scan" and scan_counts(eqn.params) == (0, 1)
+
+
+# -- functions with their own derivative rule, and complex moduli (found by an adversarial review) --
+
+@jax.custom_jvp
+def _ste(x):
+    return jnp.round(x)
+
+
+_ste.defjvp(lambda p, t: (_ste(p[0]), t[0]))
+
+
+@jax.custom_vjp
+def _ste_vjp(x):
+    return jnp.round(x)
+
+
+_ste_vjp.defvjp(lambda x: (jnp.round(x), None), lambda _, g: (g,))
+
+
+@jax.custom_jvp
+def _mix(x):  # the rule couples neighbours that the body keeps apart
+    return jnp.floor(x)
+
+
+_mix.defjvp(lambda p, t: (_mix(p[0]), t[0] + jnp.roll(t[0], 1) * p[0] ** 2))
+
+
+@jax.custom_vjp
+def _spread(x):
+    return jnp.floor(x)
+
+
+_spread.defvjp(lambda x: (jnp.floor(x), x), lambda x, g: (g * jnp.cos(x) + jnp.roll(g, -1),))
+
+
+@pytest.mark.parametrize("name,f", [
+    ("ste_jvp", lambda x: _ste(x) * 2.0),
+    ("ste_vjp", lambda x: _ste_vjp(x) + 1.0),
+    ("rule_couples_neighbours", lambda x: _mix(x)),
+    ("vjp_rule_couples_neighbours", lambda x: _spread(x)),
+    ("inside_jit", jax.jit(lambda x: _ste(x[::2]) * x[1::2])),
+])
+def test_custom_derivative_rules_are_followed(name, f):
+    """A straight-through estimator (round forward, identity derivative): the body alone gave an
+    empty pattern and a zero Jacobian."""
+    x = jnp.asarray(np.random.default_rng(5).uniform(-2, 2, 8))
+    check(f, x)
+    vjp = "vjp" in name  # custom_vjp functions have no forward mode in JAX
+    J = np.asarray(aj.sparse_jacobian(f, x, mode="reverse" if vjp else "auto").todense())
+    ref = jax.jacrev(f)(x) if vjp else jax.jacfwd(f)(x)
+    np.testing.assert_allclose(J, np.asarray(ref), atol=1e-12)
+
+
+def test_custom_rule_hessians_are_sound():
+    x = jnp.asarray(np.random.default_rng(6).uniform(-2, 2, 6))
+    for f in (lambda z: jnp.sum(_mix(z) * z), lambda z: jnp.sum(_spread(z) * z ** 2)):
+        # these rules are no gradient of anything: the "Hessian" is not symmetric, only its
+        # pattern (either triangle) is compared
+        P = aj.hessian_sparsity(f, x).toarray()
+        D = dense_hess(f, x)
+        assert not ((D | D.T) & ~P).any(), "pattern misses a nonzero"
+
+
+def test_complex_modulus_is_nonlinear():
+    """|z| is (piecewise) linear on the reals only: the Hessian of sum(|z|) came out empty."""
+    x = jnp.array([0.3, -1.2, 0.8, 0.5])
+    z = lambda x: x[:2] + 1j * x[2:]  # noqa: E731
+    cases = [lambda x: jnp.sum(jnp.abs(z(x))), lambda x: jnp.sum(jnp.abs(z(x)) ** 2 * x[:2])]
+    for f in cases:
+        P = aj.hessian_sparsity(f, x).toarray()
+        assert not (dense_hess(f, x) & ~P).any(), "pattern misses a nonzero"
+        np.testing.assert_allclose(np.asarray(aj.sparse_hessian(f, x).todense()), np.asarray(jax.hessian(f)(x)),
+                                   atol=1e-12)
+    check(lambda x: jnp.abs(z(x)), x)
+    # real moduli stay piecewise linear: no second-order terms
+    assert aj.hessian_sparsity(lambda x: jnp.sum(jnp.abs(x) * 2.0), x).nnz == 0

@@ -146,3 +146,30 @@ def test_solve_errors():
     sing[2, 3] = 1.0
     with pytest.raises(InputError, match="singular"):
         solve(sing.to_sparse_csr(), torch.randn(5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("make", ["LU", "Cholesky", "CG"])
+def test_a_state_of_values_changed_in_place_is_refused(make):
+    """A prepared state shares A's values tensor: after A.values().mul_() (an optimizer step) the
+    factorization was of the old A and solve(A, b, state) returned the old A's solution (found by
+    an adversarial review). A copy taken at init tells them apart."""
+    import asd.linalg as L
+
+    A, D = _spd(7, torch.sparse_csr, seed=3)
+    A = A.detach()
+    b = torch.randn(7, dtype=torch.float64)
+    state = getattr(L, make)().init(A)
+    torch.testing.assert_close(solve(A, b, state), torch.linalg.solve(D, b))
+    with torch.no_grad():
+        A.values().mul_(3.0)
+    with pytest.raises(InputError, match="changed in place since solver.init"):
+        solve(A, b, state)
+    with pytest.raises(InputError, match="changed in place since solver.init"):
+        state.solver.compute(state, b)
+    with pytest.raises(InputError, match="changed in place since solver.init"):
+        state.solver.compute(state.solver.transpose(state), b)
+    fresh = state.solver.init(A)
+    torch.testing.assert_close(solve(A, b, fresh), torch.linalg.solve(A.to_dense(), b))
+    A.values().numpy()[0] += 1.0  # no version count: compared by content
+    with pytest.raises(InputError, match="changed in place"):
+        solve(A, b, fresh)

@@ -247,6 +247,40 @@ def test_user_pattern_missing_entries_is_caught():
     assert_jac(full(X), f, X)
 
 
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+def test_probe_judges_each_row_at_its_own_scale(mode):
+    """Rows of 10^8 beside rows of 1 (a stiff system): a pattern missing the small rows' entries
+    altogether was judged against the largest entry and passed (found by an adversarial review)."""
+    def f(x):
+        return torch.cat([1e8 * x[:3].sin(), x[3:] * x[3:].roll(1)])
+
+    pattern = np.zeros((6, 6), dtype=bool)
+    pattern[[0, 1, 2], [0, 1, 2]] = True  # the small rows lost every entry
+    pattern[3:, 3:] = np.eye(3, dtype=bool)  # and their second one
+    op = asd.prepare_jacobian(f, X, pattern=pattern, mode=mode)
+    with pytest.raises(CheckError, match="cross-mode check"):
+        op(X)
+    good = asd.prepare_jacobian(f, X, pattern=asd.jacobian_sparsity(f, X), mode=mode)
+    assert_jac(good(X), f, X)
+    assert good.last_check.ok and good.last_check.error <= good.last_check.tolerance * good.last_check.scale
+
+    def g(x):  # a local pattern that holds at x but not at -x, where only the small rows change
+        return torch.cat([1e8 * x[:3].sin(), torch.where(x[3:] > 0, x[3:].roll(1), torch.zeros_like(x[3:]))])
+
+    x = torch.tensor([0.3, -0.7, 1.1, 0.5, -0.2, 0.9], dtype=torch.float64)
+    op = asd.prepare_jacobian(g, x, local=True, mode=mode)
+    assert_jac(op(x), g, x)
+    with pytest.raises(CheckError, match="local=True"):
+        op(-x)
+    assert op.last_check.row in (3, 4, 5)
+
+    def cancels(x):  # rows whose intermediates are 10^6 times their values: rounding, not a wrong pattern
+        return torch.cat([x[:3], 1e6 * torch.sin(x[3:]) - 1e6 * (1 - 1e-10) * torch.sin(x[3:])])
+
+    op = asd.prepare_jacobian(cancels, X, check=True, mode=mode)
+    assert_jac(op(X), cancels, X)
+
+
 def test_check_option_and_report():
     f = lambda x: torch.sin(x[1:]) * x[:-1]  # noqa: E731
     op = asd.prepare_jacobian(f, X, check="first")

@@ -39,10 +39,13 @@ class AutogradLoop(Backend):
     name = "autograd loop"
 
     def ad_modes(self, coloring) -> frozenset:
-        """Dual numbers for column seeds; plain reverse mode (and double backward) otherwise."""
-        hessian = isinstance(coloring, (StarColoring, AcyclicColoring))
-        forward = any(issubclass(t, ColumnSeeds) for t in seed_block_types(coloring))
-        return frozenset({"forward"}) if forward and not hessian else frozenset()
+        """Dual numbers for column seeds; plain reverse mode (and double backward) for row seeds
+        and Hessians."""
+        if isinstance(coloring, (StarColoring, AcyclicColoring)):
+            return frozenset({"reverse"})
+        types = seed_block_types(coloring)
+        modes = {"forward" if issubclass(t, ColumnSeeds) else "reverse" for t in types}
+        return frozenset(modes)
 
     def init(self, g, x, coloring, *, batch_size=None, compile=False, trace=None) -> LoopState:
         blocks = coloring.seed_blocks(x.dtype, x.device)

@@ -3,7 +3,8 @@
 Evaluation differentiates ``f`` with PyTorch's formulas; where one of them is wrong the sparse
 result is wrong too, without a word. This table lists the (op, mode) pairs known to be wrong in
 the PyTorch this package supports (found by ``tests/test_ad_gaps.py``, which checks each entry
-against plain reverse-mode autograd and finite differences, and by ``tests/test_fuzz.py``). The
+against plain reverse-mode autograd and finite differences, by ``tests/test_fuzz.py``, and, for
+the overwriting scatters, by an adversarial review: ``tests/test_duplicate_writes.py``). The
 tracer notes the entries whose ops ``f`` applies (:attr:`TraceInfo.gaps
 <asd.detection.torch_tracer.TraceInfo>`); prepared operators then evaluate in a mode that avoids
 them (:func:`unsafe_modes`).
@@ -20,22 +21,27 @@ The modes are the AD building blocks of the evaluation backends:
 ``forward_over_reverse``
     ``jvp`` of ``grad`` (the default HVP flavour).
 
-Plain, unbatched reverse mode (the autograd-loop backend) needs none of them. An entry whose modes
-include ``reverse`` (plain reverse mode, and with it every other mode: :data:`EVERY_MODE`) leaves no
-evaluation that PyTorch gets right: prepared operators refuse such a function with an error.
+and ``reverse``, plain unbatched reverse mode (the autograd-loop backend's VJPs and double
+backward), which is right where the others are wrong unless an entry names it. An entry that names
+``reverse`` names every mode built on it too: with ``forward`` as well (:data:`EVERY_MODE`) no
+evaluation is right; without it (an overwriting scatter with repeated indices) a Jacobian is still
+right in forward mode, while a Hessian, whose products all differentiate a gradient, is not.
+Prepared operators refuse what no mode gets right with an error naming the fix.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
+from torch.utils._mode_utils import no_dispatch
 
 from ._core import storage_positions, window_positions
 
-__all__ = ["MODES", "EVERY_MODE", "Gap", "GAPS", "gaps_of", "unsafe_modes"]
+__all__ = ["MODES", "EVERY_MODE", "Gap", "GAPS", "gaps_of", "refusal_fix", "unsafe_modes"]
 
 
 MODES = ("forward", "batched_reverse", "reverse_over_forward", "forward_over_reverse")
@@ -55,6 +61,8 @@ class Gap:
     modes: frozenset
     reason: str
     applies: Callable[[dict], bool] = lambda bound: True
+    #: how to write the step so that PyTorch's derivative is right (said when asd refuses)
+    fix: str = ""
 
 
 def _prod(bound: dict) -> bool:
@@ -103,6 +111,89 @@ def _scatter_derivative_wrong(bound: dict) -> bool:
                 and np.unique(window).size == window.size)
 
 
+def _known(t) -> torch.Tensor | None:
+    """The values of an index argument (a traced tensor's primal), or ``None`` where they are
+    unknown (computed from the input under global tracing)."""
+    t = getattr(t, "primal", t)
+    if not isinstance(t, torch.Tensor) or t.is_meta:
+        return None
+    return t.detach().cpu()
+
+
+def _repeats(positions: torch.Tensor) -> bool:
+    """Whether a non-negative index tensor holds a value twice (a mark per value: linear, no sort)."""
+    flat = positions.reshape(-1)
+    if flat.numel() < 2:
+        return False
+    seen = torch.zeros(int(flat.max()) + 1, dtype=torch.bool)
+    seen[flat] = True
+    return int(seen.sum()) != flat.numel()
+
+
+def _ids(x) -> torch.Tensor:
+    return torch.arange(x.numel(), dtype=torch.int64).reshape(tuple(x.shape))
+
+
+def _writes_a_position_twice(bound: dict) -> bool:
+    """An overwriting scatter (``index_put`` without ``accumulate``, ``scatter`` of ``src`` without
+    ``reduce``, ``put``, ``index_copy``) whose source depends on the input writes one element from
+    two source elements; indices whose values are unknown count as such a write."""
+    source = next((bound[k] for k in ("values", "src", "source") if k in bound), None)
+    if bound.get("accumulate") or bound.get("reduce") is not None or not _carries_sets(source):
+        return False
+    try:
+        return _positions_repeat(bound)
+    except Exception:  # noqa: BLE001 - indices the op itself refuses (out of range): its own error follows
+        return True
+
+
+def _cannot_repeat(bound: dict) -> bool:
+    """Whether the indices' shapes and dtypes alone rule a repeat out (known under global tracing
+    too): boolean masks, a single index, ``scatter`` with one index along its dim."""
+    if "indices" in bound:
+        given = [i for i in bound["indices"] if i is not None]
+        if all(i.dtype in (torch.bool, torch.uint8) for i in given):
+            return True  # masks select each position once
+        if any(i.dtype in (torch.bool, torch.uint8) for i in given):
+            return False
+        return math.prod(torch.broadcast_shapes(*(tuple(i.shape) for i in given))) <= 1
+    index = bound["index"]
+    if "src" in bound:
+        return index.dim() == 0 or index.shape[bound["dim"]] <= 1
+    return index.numel() <= 1
+
+
+def _positions_repeat(bound: dict) -> bool:
+    if _cannot_repeat(bound):
+        return False
+    x = bound["self"]
+    with no_dispatch():
+        if "indices" in bound:  # index_put: the index tensors together select the positions written
+            given = list(bound["indices"])
+            indices = [None if i is None else _known(i) for i in given]
+            if any(i is None and j is not None for i, j in zip(indices, given)):
+                return True
+            return _repeats(_ids(x)[tuple(slice(None) if i is None else i for i in indices)])
+        index = _known(bound["index"])
+        if index is None:
+            return True
+        if "src" in bound:  # scatter: self[index[i][j]][j] = src[i][j] (dim 0)
+            return _repeats(torch.gather(_ids(x), bound["dim"], index))
+        if "dim" in bound:  # index_copy: whole slices along dim
+            return _repeats(index)
+        return _repeats(index.remainder(max(x.numel(), 1)))  # put: flat positions, negative from the end
+
+
+_DUPLICATE_FIX = ("Write each element once (indices without repeats), or add the repeated ones up "
+                  "(index_put(..., accumulate=True), scatter_add, index_add) where that is what is meant; "
+                  "indices computed from the input are unknown to global detection and count as repeated: "
+                  "local=True reads them at the point.")
+_STRIDED_FIX = "Write that step with ordinary indexing (slices, index_put_, scatter) on the tensor itself."
+_DUPLICATE = ("PyTorch's reverse-mode derivative of {} with repeated (or unknown) indices gives the "
+              "derivative of each element written to every source element aimed at it (forward mode follows "
+              "the element written)")
+_NOT_FORWARD = EVERY_MODE - {"forward"}
+
 _ROF = "PyTorch's double backward of {} through a JVP (grad of jvp) is wrong"
 _STRIDED = ("PyTorch's derivative of {} reading storage outside its input's elements (a view's offset "
             "or strides) is wrong in every AD mode")
@@ -128,11 +219,18 @@ GAPS: dict = {
                             "PyTorch's reverse mode gives embedding's padding row a zero derivative, forward mode "
                             "does not", _padded),),
     # found with finite differences (tests/test_strided_storage.py): plain reverse mode is wrong too
-    **{f"aten::{name}": (Gap(name, EVERY_MODE, _STRIDED.format(name), _window_reads_traced_storage_outside),)
+    **{f"aten::{name}": (Gap(name, EVERY_MODE, _STRIDED.format(name), _window_reads_traced_storage_outside,
+                             _STRIDED_FIX),)
        for name in ("as_strided", "as_strided_", "as_strided_copy")},
     "aten::as_strided_scatter": (Gap("as_strided_scatter", EVERY_MODE,
                                      "PyTorch's derivative of as_strided_scatter is "
-                                     "wrong in every AD mode", _scatter_derivative_wrong),),
+                                     "wrong in every AD mode", _scatter_derivative_wrong, _STRIDED_FIX),),
+    # an element written twice keeps one source element, yet reverse mode hands its derivative to
+    # every source element aimed at it (found by an adversarial review); forward mode follows the write
+    **{f"aten::{name}": (Gap(name, _NOT_FORWARD, _DUPLICATE.format(name), _writes_a_position_twice,
+                             _DUPLICATE_FIX),)
+       for name in ("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put", "scatter", "scatter_",
+                    "put", "put_", "index_copy", "index_copy_")},
     # eigh reads one triangle; its backward is symmetrized, its JVP is not: the two modes disagree
     # on non-symmetric perturbations (found by tests/test_opinfo_evaluation.py); asd follows reverse
     "aten::_linalg_eigh": (Gap("linalg_eigh", frozenset({"forward"}),
@@ -149,6 +247,15 @@ def gaps_of(func: torch._ops.OpOverload, bound: Callable[[], dict]) -> tuple:
         return ()
     b = bound()
     return tuple(g for g in entries if g.applies(b))
+
+
+def refusal_fix(info) -> str:
+    """How to rewrite ``f`` (a finished trace's :class:`~asd.detection.torch_tracer.TraceInfo`)
+    where plain reverse mode is wrong: the fix of the first such gap, by op name."""
+    for gap in sorted(info.gaps, key=lambda g: g.op):
+        if "reverse" in gap.modes and gap.fix:
+            return gap.fix
+    return ""
 
 
 def unsafe_modes(info) -> dict:

@@ -36,6 +36,14 @@ from asd.linalg.triangular import check_triangular, trisolve_values
 __all__ = ["SparseMultivariateNormal"]
 
 
+def _strictly_lower(P: Pattern, vals: torch.Tensor) -> torch.Tensor:
+    """``vals`` with the stored diagonal entries zeroed: the LDL^T forms' unit factor ignores them
+    (their gradient is zero)."""
+    if P.on_meta:
+        return vals
+    return torch.where(P.diag_mask, torch.zeros_like(vals), vals)
+
+
 class SparseMultivariateNormal(Distribution):
     """Multivariate normal ``N(loc, S)`` with a sparse (LL^T or LDL^T) factor of ``S`` or ``S^{-1}``.
 
@@ -138,7 +146,8 @@ class SparseMultivariateNormal(Distribution):
         if not self._is_precision:
             if self._ldl:
                 Y = self.diagonal.sqrt().unsqueeze(1) * E
-                Z = Y + matmul(L, Y)
+                P, vals = values_of(L)
+                Z = Y + spmm_values(P, _strictly_lower(P, vals), Y)
             else:
                 Z = matmul(L, E)
         else:
@@ -164,9 +173,11 @@ class SparseMultivariateNormal(Distribution):
             if self._ldl:
                 Z = Z / self.diagonal.sqrt().unsqueeze(1)
         else:
-            Z = spmm_values(P, vals, Dc, trans=True)        # L^T diff
-            if self._ldl:
-                Z = (Z + Dc) * self.diagonal.sqrt().unsqueeze(1)
+            if self._ldl:  # (I + L)^T diff, a stored diagonal of L left out
+                Z = spmm_values(P, _strictly_lower(P, vals), Dc, trans=True) + Dc
+                Z = Z * self.diagonal.sqrt().unsqueeze(1)
+            else:
+                Z = spmm_values(P, vals, Dc, trans=True)    # L^T diff
         maha = (Z * Z).sum(0).reshape(shape[:-1])
         return -0.5 * maha - self._half_logdet_cov(P, vals) - 0.5 * self._n * math.log(2 * math.pi)
 

@@ -21,7 +21,7 @@ from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr, Literal
 from ..detection import sets as S
 from ..detection.second_order import SecondOrder
 from ..errors import TracingError, UnsupportedOpError, UnsupportedOpWarning
-from .table import Bilinear, Custom, Linear, Nonlinear, Quotient, Zero, lookup
+from .table import Bilinear, Custom, Linear, LinearOnReal, Nonlinear, Quotient, Zero, lookup
 
 
 def differentiable(dtype) -> bool:
@@ -128,6 +128,8 @@ class Interpreter:
         self.local = local
         self.strict = strict
         self.hessian = SecondOrder(n) if hessian else None
+        #: interpreting a custom_jvp / custom_vjp function's rule (asd.jax.rules.control)
+        self.in_rule = False
 
     def run_closed(self, jaxpr, ins: list[Val]) -> list[Val]:
         if isinstance(jaxpr, ClosedJaxpr):
@@ -237,6 +239,13 @@ def _(kind, ctx, outs):
 def _(kind, ctx, outs):
     for v in outs:
         ctx.hessian.add_square(v.sets)
+
+
+@second_order.register(LinearOnReal)
+def _(kind, ctx, outs):
+    if any(v.dtype is not None and np.issubdtype(np.dtype(v.dtype), np.complexfloating) for v in ctx.ins):
+        for v in outs:
+            ctx.hessian.add_square(v.sets)
 
 
 def _operands(ctx: Ctx, outs: list[Val]):

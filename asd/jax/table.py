@@ -13,6 +13,7 @@ PyTorch tracer's, :mod:`asd.detection.hessian`):
 :class:`Bilinear`               ``x * y``: cross terms between the operands' sets only (``x * x``:
                                 its square);
 :class:`Quotient`               ``x / y``: cross terms and the square of ``y``'s sets;
+:class:`LinearOnReal`           linear on real operands, nonlinear on complex ones (``abs``);
 :class:`Custom`                 the rule adds its own terms (matrix products: only the operand
                                 elements that are multiplied together interact; control flow:
                                 the inner equations add theirs).
@@ -48,11 +49,16 @@ class Quotient(SecondOrder):
     """``x / y``: linear in ``x``, nonlinear in ``y``."""
 
 
+class LinearOnReal(SecondOrder):
+    """Piecewise linear on real operands, nonlinear on complex ones (``abs``: ``sqrt(re^2 + im^2)``)."""
+
+
 class Custom(SecondOrder):
     """The rule records its own second-order terms."""
 
 
 ZERO, LINEAR, NONLINEAR, BILINEAR, QUOTIENT, CUSTOM = Zero(), Linear(), Nonlinear(), Bilinear(), Quotient(), Custom()
+LINEAR_ON_REAL = LinearOnReal()
 
 
 @dataclass(frozen=True)

@@ -91,12 +91,27 @@ class SolverState:
         ``compute`` differentiates with respect to that A).
     transposed : bool
         The state solves with ``A^T`` (see :meth:`Solver.transpose`).
+    snapshot : torch.Tensor or None
+        A private copy of ``values`` taken by ``init``: a state whose ``values`` were changed in
+        place since (an optimizer step on A) is refused, as its factorization or preconditioner
+        belongs to the old A.
     """
 
     solver: "Solver"
     pattern: Pattern
     values: torch.Tensor
     transposed: bool
+    snapshot: Optional[torch.Tensor] = field(default=None, kw_only=True, repr=False)
+
+    def check_current(self) -> None:
+        """Raise :class:`asd.InputError` if ``values`` changed since ``init`` (compared by content:
+        a write through numpy leaves no version count)."""
+        v = self.values.detach()
+        if self.snapshot is None or v.is_meta:
+            return
+        if not torch.equal(v, self.snapshot):
+            raise InputError("A's stored values changed in place since solver.init(A), so the prepared "
+                             "factorization or preconditioner is of the old A; call solver.init(A) again")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -151,7 +166,9 @@ class Solver(ABC):
                              f"least-squares solution use asd.linalg.LSMR()")
         if not all_finite(vals.detach()):
             raise InputError("A has NaN or inf among its stored values; a solve needs finite A")
-        return self._prepare(P, vals)
+        state = self._prepare(P, vals)
+        snapshot = None if vals.is_meta else vals.detach().clone()
+        return dataclasses.replace(state, snapshot=snapshot)
 
     def transpose(self, state: SolverState) -> SolverState:
         """The state of ``A^T``, sharing ``state``'s factorization or prepared operator."""
@@ -182,6 +199,7 @@ class Solver(ABC):
         if not isinstance(state, SolverState) or state.solver != self:
             raise InputError(f"state must come from this solver's init(A) ({self!r}), got "
                              f"{type(state).__name__}")
+        state.check_current()
         return apply_solve(state, state.values, b, x0, warn)
 
     @abstractmethod

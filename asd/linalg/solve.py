@@ -51,6 +51,7 @@ def _matching_state(state: SolverState, A: torch.Tensor):
     if not same:
         raise InputError("solver= is a state prepared for a different matrix (pattern or values "
                          "differ from A); call solver.init(A) again")
+    state.check_current()  # A's values and the state's are one tensor: compared with init's copy
     return vals
 
 

@@ -494,10 +494,21 @@ def test_custom_derivative_rules_are_followed(name, f):
     empty pattern and a zero Jacobian."""
     x = jnp.asarray(np.random.default_rng(5).uniform(-2, 2, 8))
     check(f, x)
-    vjp = "vjp" in name  # custom_vjp functions have no forward mode in JAX
-    J = np.asarray(aj.sparse_jacobian(f, x, mode="reverse" if vjp else "auto").todense())
+    vjp = "vjp" in name  # custom_vjp functions have no forward mode in JAX: "auto" picks reverse
+    op = aj.prepare_jacobian(f, x)
+    assert op.mode == "reverse" or not vjp
+    J = np.asarray(op(x).todense())
     ref = jax.jacrev(f)(x) if vjp else jax.jacfwd(f)(x)
     np.testing.assert_allclose(J, np.asarray(ref), atol=1e-12)
+
+
+def test_custom_vjp_functions_are_evaluated_in_reverse_mode():
+    """JAX has no forward mode through a custom_vjp function: mode="auto" picked JVPs, which raised."""
+    x = jnp.asarray(np.random.default_rng(7).uniform(-2, 2, 8))
+    f = lambda z: _ste_vjp(z) * z  # noqa: E731
+    for op in (aj.prepare_jacobian(f, x), aj.prepare_jacobian(f, x, pattern=np.eye(8, dtype=bool))):
+        assert op.mode == "reverse"
+        np.testing.assert_allclose(np.asarray(op(x).todense()), np.asarray(jax.jacrev(f)(x)), atol=1e-12)
 
 
 def test_custom_rule_hessians_are_sound():

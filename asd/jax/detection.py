@@ -128,15 +128,21 @@ def jacobian_sparsity(f: Callable, x, *, argnums=None, local: bool = False, stri
     scipy.sparse.csr_array or tuple of them
         Boolean pattern of shape ``(number of output elements, x.size)``.
     """
+    return _jacobian(f, x, argnums, local, strict)[0]
+
+
+def _jacobian(f: Callable, x, argnums, local: bool, strict: bool):
+    """``(jacobian_sparsity(...), whether f holds a custom_vjp function)``: JAX differentiates those
+    in reverse mode only."""
     xs, selected, as_tuple = _normalize(x, argnums)
     outs, interp, offsets = trace(f, xs, selected, local=local, strict=strict)
     sets = output_sets(outs, interp.n)
     if len(selected) == 1 and not as_tuple:
-        return _csr_array(sets)
+        return _csr_array(sets), interp.custom_vjp
     sets = sets.tocsc()
     blocks = tuple(_csr_array(S._canonical(sets[:, int(offsets[k]):int(offsets[k + 1])]))
                    for k in range(len(selected)))
-    return blocks if as_tuple else blocks[0]
+    return (blocks if as_tuple else blocks[0]), interp.custom_vjp
 
 
 def hessian_sparsity(f: Callable, x, *, local: bool = False, strict: bool = False) -> sp.csr_array:

@@ -130,6 +130,8 @@ class Interpreter:
         self.hessian = SecondOrder(n) if hessian else None
         #: interpreting a custom_jvp / custom_vjp function's rule (asd.jax.rules.control)
         self.in_rule = False
+        #: the trace met a custom_vjp function (which JAX differentiates in reverse mode only)
+        self.custom_vjp = False
 
     def run_closed(self, jaxpr, ins: list[Val]) -> list[Val]:
         if isinstance(jaxpr, ClosedJaxpr):

@@ -22,7 +22,7 @@ from ..errors import InputError
 from ..operators import HESSIAN_COLORINGS, JACOBIAN_COLORINGS, MODES
 from ..patterns import SparsityPattern, as_pattern
 from . import _coloring as C
-from .detection import check_input, hessian_sparsity, jacobian_sparsity
+from .detection import _jacobian, check_input, hessian_sparsity
 from .evaluation import batched, decompressor, jacobian_products
 
 #: the default Hessian coloring takes acyclic only when its substitution has at most this many
@@ -135,7 +135,8 @@ class SparseJacobian(_SparseOperator):
         the pattern is detected).
     mode
         ``"forward"`` (column coloring, JVPs), ``"reverse"`` (row coloring, VJPs) or ``"auto"``
-        (the one with fewer colors; forward on a tie).
+        (the one with fewer colors; forward on a tie; reverse where ``f`` holds a ``custom_vjp``
+        function, which JAX differentiates in reverse mode only).
     coloring
         Overrides ``mode``: ``"column"``, ``"row"`` or ``"bidirectional"`` (JVPs and VJPs).
     order
@@ -178,8 +179,17 @@ class SparseJacobian(_SparseOperator):
                 raise InputError(f"the given pattern has shape {P.shape} but the Jacobian is ({m}, {x.size})")
             return P
 
-        self._detect(lambda: jacobian_sparsity(f, x, local=local, strict=strict), pattern, conform)
+        reverse_only = []
+
+        def detect():
+            P, custom_vjp = _jacobian(f, x, None, local, strict)
+            reverse_only.append(custom_vjp)
+            return P
+
+        self._detect(detect, pattern, conform)
         problem = coloring or {"forward": "column", "reverse": "row"}.get(mode)
+        if problem is None and (reverse_only[0] if reverse_only else not _has_forward_mode(f, x)):
+            problem = "row"
         t0 = time.perf_counter()
         result = choose_jacobian(self.pattern, problem, order, prefer="column")  # jitted JVPs win ties
         self.timings["coloring"] = time.perf_counter() - t0
@@ -195,6 +205,19 @@ class SparseJacobian(_SparseOperator):
     def __repr__(self) -> str:
         m, n = self.pattern.shape
         return f"SparseJacobian(shape=({m}, {n}), nnz={self.pattern.nnz}, mode={self.mode!r}, ncolors={self.ncolors})"
+
+
+def _has_forward_mode(f: Callable, x) -> bool:
+    """Whether JAX can push a JVP through ``f`` (a ``custom_vjp`` function inside has reverse mode
+    only): traced abstractly, nothing is computed."""
+    try:
+        # batched, as the products are (an unbatched JVP of some custom_vjp functions traces)
+        jax.eval_shape(lambda v: jax.vmap(lambda t: jax.jvp(f, (v,), (t,))[1])(v[None]), x)
+    except TypeError as exc:
+        return "custom_vjp" not in str(exc)
+    except Exception:  # noqa: BLE001 - anything else is f's own error, which the evaluation reports
+        return True
+    return True
 
 
 def _hvp_products(g: Callable, with_value: bool = False):

@@ -123,9 +123,10 @@ def custom_derivative(ctx):
     """``custom_jvp_call`` / ``custom_vjp_call``: the body's sets joined with the rule's."""
     from ..interpreter import conservative
 
+    interp = ctx.interp
+    interp.custom_vjp = interp.custom_vjp or "vjp" in ctx.eqn.primitive.name
     body = ctx.call(_inner(ctx.params), ctx.ins)
     diff = [i for i in range(len(ctx.ins)) if ctx.sets(i) is not None]
-    interp = ctx.interp
     if not diff or getattr(interp, "in_rule", False):
         # inside a rule's JVP, custom functions compute its primal and coefficients (no tangent passes
         # through them: JAX applied their rules already), which only the body's sets describe

@@ -150,3 +150,18 @@ def test_constant_seeds_do_not_leak_between_operators():
     b = aj.prepare_jacobian(residual, X, mode="reverse")
     assert a.mode != b.mode
     np.testing.assert_allclose(a(X).todense(), b(X).todense(), rtol=1e-13, atol=1e-13)
+
+
+def test_a_captured_array_changed_before_the_first_call_does_not_merge_columns():
+    """The pattern is detected at preparation; the jitted values used to be compiled at the first
+    call, reading a captured numpy array then: changed in between, two columns' values merged into
+    one stored entry (found by an adversarial review). Both now come from the prepared point."""
+    W = np.diag(np.arange(1.0, 5.0))
+    f = lambda x: jnp.asarray(W) @ x  # noqa: E731
+    x = jnp.ones(4)
+    op = aj.prepare_jacobian(f, x)
+    H = aj.prepare_hessian(lambda z: jnp.sum((jnp.asarray(W) @ z) ** 2), x)
+    want_J, want_H = np.diag(np.arange(1.0, 5.0)), 2 * np.diag(np.arange(1.0, 5.0) ** 2)
+    W[0, 3] = 7.0
+    np.testing.assert_allclose(np.asarray(op(x).todense()), want_J)
+    np.testing.assert_allclose(np.asarray(H(x).todense()), want_H)

@@ -91,6 +91,13 @@ class _SparseOperator:
         self._compressed = jax.jit(self._bound(compressed, constants, self._seeds))
         self._values = jax.jit(self._bound(values, constants, self._seeds, self._dec_arrays))
 
+    def _compile_now(self, x) -> None:
+        """Compile the values at the prepared point, as detection just traced ``f``: until its first
+        call a jitted function reads what ``f`` captures (a numpy array, aliased by JAX's constant)
+        anew, so a first call after the array changed paired its new values with the old pattern
+        (found by an adversarial review). Later changes are not seen, as with any jitted function."""
+        jax.block_until_ready(self._values(x, *self._args))
+
     @staticmethod
     def _bound(fn: Callable, constants: bool, *args) -> Callable:
         """``fn`` itself, or ``x -> fn(x, *args)`` with ``args`` closed over (jit constants)."""
@@ -201,6 +208,7 @@ class SparseJacobian(_SparseOperator):
 
         self._finish(result, lambda v, blocks, seeds, bs: jacobian_products(g, v.reshape(-1), blocks, seeds, bs),
                      batch_size, constants=True)
+        self._compile_now(x)
 
     def __repr__(self) -> str:
         m, n = self.pattern.shape
@@ -281,6 +289,7 @@ class SparseHessian(_SparseOperator):
         self._batch_size = batch_size
         self._with_grad = None
         self._finish(result, _hvp_products(g), batch_size, constants=False)
+        self._compile_now(x)
 
     def value_grad_hessian(self, x):
         """``(f(x), grad f(x), Hessian as BCSR)`` from one jitted forward-over-reverse evaluation."""

@@ -1,8 +1,9 @@
 """The cross-mode probe: a derivative checked by one product of the other AD mode.
 
 For a random vector, the decompressed sparse matrix times the vector is compared with one
-matrix-free product computed another way: a VJP when the colors were JVPs, a JVP when they were
-VJPs, and for Hessians the other Hessian-vector product flavour. A stale or too-sparse pattern,
+matrix-free product computed another way: a VJP when the colors were JVPs (one uncompressed JVP
+where reverse mode is wrong for ``f``), a JVP when they were VJPs, and for Hessians the other
+Hessian-vector product flavour. A stale or too-sparse pattern,
 a coloring that does not fit the function, or one of PyTorch's wrong AD formulas shows up as a
 disagreement far beyond rounding. Cost: one product and one sparse matrix-vector product.
 

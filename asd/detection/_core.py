@@ -95,16 +95,39 @@ def window_positions(bound: dict, x: torch.Tensor) -> np.ndarray:
 class Storage:
     """Index sets (and the primal base tensor) shared by a base tensor and all its views."""
 
-    __slots__ = ("primal", "sets", "epoch", "read_only", "geometry")
+    __slots__ = ("primal", "_sets", "_pending", "epoch", "read_only", "geometry")
 
-    def __init__(self, primal: torch.Tensor, sets: sp.csr_matrix):
+    def __init__(self, primal: torch.Tensor, sets: "sp.csr_matrix | S.PendingUnion"):
         self.primal = primal
-        self.sets = sets
+        if isinstance(sets, S.PendingUnion):
+            self._sets, self._pending = None, sets
+        else:
+            self._sets, self._pending = sets, None
         self.epoch = 0
         self.read_only: str | None = None  # why writes into it cannot be traced
         # the layout whose elements (row-major) the rows of ``sets`` are, and its element size: fixed
         # here, as an in-place view op (t_, as_strided_) on the owning tensor changes its primal's
         self.geometry = (tuple(primal.shape), tuple(primal.stride()), primal.storage_offset(), primal.element_size())
+
+    @property
+    def sets(self) -> sp.csr_matrix:
+        """The index sets of the storage's elements (a pending union merged at the first read)."""
+        if self._pending is not None:
+            self._sets, self._pending = self._pending.merged(), None
+        return self._sets
+
+    @sets.setter
+    def sets(self, value: sp.csr_matrix) -> None:
+        self._sets, self._pending = value, None
+
+    @property
+    def rows(self) -> int:
+        """The number of rows of :attr:`sets` (without merging a pending union)."""
+        return (self._pending if self._pending is not None else self._sets).shape[0]
+
+    def parts(self) -> tuple:
+        """Set matrices whose row-wise union is :attr:`sets`, without merging a pending union."""
+        return self._pending.parts if self._pending is not None else (self._sets,)
 
     def rows_at(self, positions: np.ndarray) -> np.ndarray | None:
         """The row of ``sets`` of the element at each storage position (counted in this storage's
@@ -270,6 +293,10 @@ class Call:
     outs: list
     tracer: TracerLike
     _bound: dict | None = field(default=None, repr=False)
+    #: (not a field) whether the rule may return a :class:`asd.detection.sets.PendingUnion` for an
+    #: output: set by the tracer on the call it hands to the op's own rule, where the result goes
+    #: straight into the output's storage
+    lazy = False
 
     @property
     def n(self) -> int:
@@ -291,6 +318,20 @@ class Call:
             s = t.sets
             return s if s.nnz else None
         return None
+
+    def set_parts(self, t) -> tuple:
+        """Non-empty set matrices whose row-wise union is :meth:`sets` of ``t`` (none where that is
+        ``None``), without merging a pending union (:class:`asd.detection.sets.PendingUnion`)."""
+        if not isinstance(t, TracedTensor) or not is_differentiable_dtype(t.dtype) or self.tracer.detached(t):
+            return ()
+        pending = t._storage._pending
+        if t._idx is None and pending is not None and not pending.taken:
+            # the first consumer extends the union; any later one reads it merged (in the
+            # storage, once), instead of merging the same parts again in every consumer
+            pending.taken = True
+            return pending.parts
+        s = t.sets
+        return (s,) if s.nnz else ()
 
     def unsupported(self) -> None:
         """Report that this op is traced by the conservative rule (warns, or raises under ``strict``)."""

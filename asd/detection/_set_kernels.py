@@ -91,3 +91,138 @@ def gather_rows(indptr, indices, idx):
             for t in range(indptr[i + 1] - p0):
                 cj[base + t] = indices[p0 + t]
     return cp, cj
+
+
+@njit(cache=True)
+def _sort8(b):
+    """Sort the 8 entries of ``b`` in place with a fixed network (Batcher's odd-even merge sort):
+    no data-dependent branches, where an insertion sort mispredicts on most entries."""
+    x, y = b[0], b[1]
+    b[0], b[1] = min(x, y), max(x, y)
+    x, y = b[2], b[3]
+    b[2], b[3] = min(x, y), max(x, y)
+    x, y = b[4], b[5]
+    b[4], b[5] = min(x, y), max(x, y)
+    x, y = b[6], b[7]
+    b[6], b[7] = min(x, y), max(x, y)
+    x, y = b[0], b[2]
+    b[0], b[2] = min(x, y), max(x, y)
+    x, y = b[1], b[3]
+    b[1], b[3] = min(x, y), max(x, y)
+    x, y = b[4], b[6]
+    b[4], b[6] = min(x, y), max(x, y)
+    x, y = b[5], b[7]
+    b[5], b[7] = min(x, y), max(x, y)
+    x, y = b[1], b[2]
+    b[1], b[2] = min(x, y), max(x, y)
+    x, y = b[5], b[6]
+    b[5], b[6] = min(x, y), max(x, y)
+    x, y = b[0], b[4]
+    b[0], b[4] = min(x, y), max(x, y)
+    x, y = b[1], b[5]
+    b[1], b[5] = min(x, y), max(x, y)
+    x, y = b[2], b[6]
+    b[2], b[6] = min(x, y), max(x, y)
+    x, y = b[3], b[7]
+    b[3], b[7] = min(x, y), max(x, y)
+    x, y = b[2], b[4]
+    b[2], b[4] = min(x, y), max(x, y)
+    x, y = b[3], b[5]
+    b[3], b[5] = min(x, y), max(x, y)
+    x, y = b[1], b[2]
+    b[1], b[2] = min(x, y), max(x, y)
+    x, y = b[3], b[4]
+    b[3], b[4] = min(x, y), max(x, y)
+    x, y = b[5], b[6]
+    b[5], b[6] = min(x, y), max(x, y)
+
+
+@njit(cache=True)
+def union_k(P, J):
+    """Row-wise union of ``k`` CSR structures with the same rows: row ``i`` of structure ``j``
+    is ``J[P[j, i]:P[j, i + 1]]`` (sorted). Returns ``(indptr, indices)`` with each row sorted and
+    every column once (also one stored twice in a single structure). A row of at most 8 entries in
+    all is sorted by a network; a longer one is merged part by part, as a chain of pairwise unions
+    would, without their intermediate matrices."""
+    k = P.shape[0]
+    m = P.shape[1] - 1
+    for j in range(k):
+        _check_pointers(P[j], J.shape[0])
+    total = 0
+    for j in range(k):
+        total += P[j, m] - P[j, 0]
+    cp = np.empty(m + 1, dtype=np.int64)
+    cj = np.empty(total, dtype=J.dtype)
+    pad = np.iinfo(J.dtype).max
+    s8 = np.empty(8, dtype=J.dtype)
+    a = np.empty(64, dtype=J.dtype)
+    b = np.empty(64, dtype=J.dtype)
+    pos = 0
+    cp[0] = 0
+    for i in range(m):
+        start = pos
+        for j in range(k):
+            for p in range(P[j, i], P[j, i + 1]):
+                cj[pos] = J[p]
+                pos += 1
+        r = pos - start
+        if r <= 1:
+            cp[i + 1] = pos
+            continue
+        if r <= 8:
+            for q in range(8):
+                s8[q] = cj[start + q] if q < r else pad
+            _sort8(s8)
+            na = r
+            merged = s8
+        else:
+            if r > a.shape[0]:
+                a = np.empty(2 * r, dtype=J.dtype)
+                b = np.empty(2 * r, dtype=J.dtype)
+            na = 0
+            for j in range(k):
+                q, qe = P[j, i], P[j, i + 1]
+                if q == qe:
+                    continue
+                if na == 0:
+                    for t in range(q, qe):
+                        a[na] = J[t]
+                        na += 1
+                    continue
+                p = 0
+                nb = 0
+                while p < na and q < qe:
+                    x = a[p]
+                    y = J[q]
+                    if x < y:
+                        b[nb] = x
+                        p += 1
+                    elif y < x:
+                        b[nb] = y
+                        q += 1
+                    else:
+                        b[nb] = x
+                        p += 1
+                        q += 1
+                    nb += 1
+                while p < na:
+                    b[nb] = a[p]
+                    p += 1
+                    nb += 1
+                while q < qe:
+                    b[nb] = J[q]
+                    q += 1
+                    nb += 1
+                a, b = b, a
+                na = nb
+            merged = a
+        # sorted: drop adjacent repeats (a column in several parts, or twice in one)
+        pos = start
+        last = -1
+        for q in range(na):
+            v = merged[q]
+            cj[pos] = v
+            pos += v != last
+            last = v
+        cp[i + 1] = pos
+    return cp, cj[:pos]

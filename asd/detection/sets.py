@@ -10,9 +10,11 @@ matrix sharing index arrays with one, where the result has the same rows.
 A trace makes thousands of these small matrices, so they are built without scipy's validation
 (which costs tens of microseconds per matrix) when scipy is one whose ``csr_matrix`` this module
 recognizes (checked once, against the validated constructor; otherwise every matrix takes the
-validated path). Indices are ``int32`` where they fit, as scipy itself chooses. Merging two set
-matrices and gathering rows are Numba kernels (:mod:`asd.detection._set_kernels`, loaded at the
-first use).
+validated path). Indices are ``int32`` where they fit, as scipy itself chooses. Merging set
+matrices (two, or three and more in one pass) and gathering rows are Numba kernels
+(:mod:`asd.detection._set_kernels`, loaded at the first use). A :class:`PendingUnion` is a union
+not merged yet: the first-order tracer keeps one in an elementwise op's output storage until its
+sets are read.
 """
 
 from __future__ import annotations
@@ -84,6 +86,19 @@ def _csr(indptr: np.ndarray, indices: np.ndarray, shape: tuple[int, int]) -> sp.
     return out
 
 
+_KERNELS: list = []
+
+
+def _kernels():
+    """:mod:`asd.detection._set_kernels`, imported at the first use (it compiles or loads Numba
+    code)."""
+    if not _KERNELS:
+        from . import _set_kernels
+
+        _KERNELS.append(_set_kernels)
+    return _KERNELS[0]
+
+
 def empty(rows: int, n: int) -> sp.csr_matrix:
     """``rows`` empty sets over ``n`` inputs."""
     return _csr(np.zeros(rows + 1, dtype=INDEX), np.zeros(0, dtype=INDEX), (rows, n))
@@ -139,9 +154,7 @@ def take_rows(S: sp.csr_matrix, idx: np.ndarray) -> sp.csr_matrix:
         ip = indptr[s:s + k + 1]
         lo = int(ip[0])
         return _csr(ip - lo if lo else ip, indices[lo:int(ip[-1])], (k, n))
-    from ._set_kernels import gather_rows
-
-    cp, cj = gather_rows(indptr, indices, idx.astype(INDEX, copy=False))
+    cp, cj = _kernels().gather_rows(indptr, indices, idx.astype(INDEX, copy=False))
     return _csr(cp, cj, (k, n))
 
 
@@ -161,25 +174,128 @@ def _union2(a: sp.csr_matrix, b: sp.csr_matrix) -> sp.csr_matrix:
                  and a.format == "csr" and b.format == "csr")
     if not canonical:
         return _canonical(a + b)
-    from ._set_kernels import union2
-
     dt = _index_dtype(a.shape, a.nnz + b.nnz)
-    cp, cj = union2(a.indptr.astype(dt, copy=False), a.indices.astype(dt, copy=False),
+    cp, cj = _kernels().union2(a.indptr.astype(dt, copy=False), a.indices.astype(dt, copy=False),
                     b.indptr.astype(dt, copy=False), b.indices.astype(dt, copy=False))
     if 2 * len(cj) <= a.nnz + b.nnz:  # most entries were shared: keep no spare room
         cj = cj.copy()
     return _csr(cp, cj, a.shape)
 
 
+def _is_canonical(a: sp.csr_matrix) -> bool:
+    return a.format == "csr" and a.dtype == np.bool_ and a.has_sorted_indices
+
+
+def _distinct(mats: Sequence[sp.csr_matrix]) -> list[sp.csr_matrix]:
+    """``mats`` without repeats of one structure (the same matrix, or one sharing its arrays)."""
+    out: list = []
+    seen: set = set()
+    for m in mats:
+        key = (id(m.indptr), id(m.indices))
+        if key not in seen:
+            seen.add(key)
+            out.append(m)
+    return out
+
+
+def _union_k(mats: list[sp.csr_matrix]) -> sp.csr_matrix:
+    """Row-wise union of three or more canonical set matrices of one shape, in one pass."""
+    shape = mats[0].shape
+    P = np.empty((len(mats), shape[0] + 1), dtype=np.int64)
+    segments, offset = [], 0
+    for j, m in enumerate(mats):
+        lo, hi = int(m.indptr[0]), int(m.indptr[-1])
+        if lo < 0 or hi > len(m.indices):  # the kernel checks the pointers within each segment
+            raise ValueError("a set matrix has malformed row pointers (decreasing, negative, or past its indices)")
+        np.add(m.indptr, offset - lo, out=P[j], casting="unsafe")
+        segments.append(m.indices[lo:hi])
+        offset += hi - lo
+    dt = _index_dtype(shape, offset)
+    cp, cj = _kernels().union_k(P, np.concatenate(segments).astype(dt, copy=False))
+    if 2 * len(cj) <= offset:  # most entries were shared: keep no spare room
+        cj = cj.copy()
+    return _csr(cp, cj, shape)
+
+
+#: fewest parts merged in one pass (fewer: one pairwise merge after another)
+ONE_PASS_PARTS = 5
+#: most entries per row, on average over all parts together, for a merge in one pass
+ONE_PASS_ROW = 8
+
+
+def _one_pass(mats: list[sp.csr_matrix], rows: int) -> bool:
+    """Whether to merge ``mats`` in one pass (:func:`_union_k`): many parts with short rows, where
+    the pairwise merges would each pay their call and intermediate matrix for a few entries per
+    row. With few parts, or long rows, the pairwise merges are faster: they keep the rows merged
+    so far deduplicated, and copy no inputs."""
+    if len(mats) < ONE_PASS_PARTS:
+        return False
+    total = 0
+    for m in mats:
+        if not _is_canonical(m):
+            return False
+        total += m.nnz
+    return total <= ONE_PASS_ROW * max(rows, 1)
+
+
 def union(mats: Sequence[sp.csr_matrix | None], rows: int, n: int) -> sp.csr_matrix:
     """Row-wise union of set matrices of equal shape; ``None`` entries are skipped."""
-    present = [m for m in mats if m is not None and m.nnz > 0]
+    present = _distinct([m for m in mats if m is not None and m.nnz > 0])
     if not present:
         return empty(rows, n)
+    for m in present:
+        if m.shape != (rows, n):
+            raise ValueError(f"union of set matrices of shapes {m.shape} and {(rows, n)}: a rule returned sets of "
+                             "the wrong shape")
+    if _one_pass(present, rows):
+        return _union_k(present)
     out = present[0]
     for m in present[1:]:
         out = _union2(out, m)
     return _canonical(out)
+
+
+class PendingUnion:
+    """The row-wise union of several set matrices of one shape, merged when first read.
+
+    What an elementwise rule returns for an output while the tracer allows it
+    (:attr:`asd.detection._core.Call.lazy`): a chain of elementwise ops (``a + b - c * d``) then
+    merges its operands' rows once, where they are read, instead of at every op. Only a
+    :class:`asd.detection._core.Storage` holds one; reading its ``sets`` merges.
+    """
+
+    __slots__ = ("parts", "shape", "taken")
+
+    #: most parts kept unmerged: beyond, the parts are merged at once. It bounds the extra work
+    #: where every intermediate of an elementwise chain is read at the end (each merges the parts
+    #: before it again) and the extra memory of parts kept unmerged
+    MAX_PARTS = 8
+
+    def __init__(self, parts: tuple, shape: tuple[int, int]):
+        self.parts = parts
+        self.shape = shape
+        #: whether a consumer took the parts unmerged (a second one gets them merged, once)
+        self.taken = False
+
+    def merged(self) -> sp.csr_matrix:
+        return union(self.parts, *self.shape)
+
+
+def lazy_union(parts: Sequence[sp.csr_matrix], rows: int, n: int):
+    """The union of ``parts`` (non-empty set matrices of shape ``(rows, n)``) as a
+    :class:`PendingUnion`, or merged where that is as cheap (one part, or too many)."""
+    present = _distinct([m for m in parts if m.nnz])
+    if not present:
+        return None
+    if len(present) == 1:
+        return present[0]
+    if len(present) > PendingUnion.MAX_PARTS:
+        return union(present, rows, n)
+    for m in present:
+        if m.shape != (rows, n):
+            raise ValueError(f"union of set matrices of shapes {m.shape} and {(rows, n)}: a rule returned sets of "
+                             "the wrong shape")
+    return PendingUnion(tuple(present), (rows, n))
 
 
 def vstack(mats: Sequence[sp.csr_matrix]) -> sp.csr_matrix:

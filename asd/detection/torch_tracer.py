@@ -9,6 +9,7 @@ its rule from the table (:mod:`asd.detection.table`).
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -680,6 +681,9 @@ class Tracer:
         self.gaps: set = set()
         self._decomposing = 0
         self._input_storages: list[Storage] = []
+        # elementwise rules may leave an output's union pending (merged where it is read), unless
+        # a subclass observes the rules' results (the Hessian tracer reads them at once)
+        self._lazy = type(self).observe is Tracer.observe
 
     def info(self) -> TraceInfo:
         """What this trace saw besides the index sets (see :class:`TraceInfo`)."""
@@ -734,8 +738,10 @@ class Tracer:
             return t
         return TracedTensor(Storage(t, S.empty(t.numel(), self.n)), t, None, self.device)
 
-    def wrap(self, primal: torch.Tensor, sets: sp.csr_matrix | None) -> TracedTensor:
+    def wrap(self, primal: torch.Tensor, sets: sp.csr_matrix | S.PendingUnion | None) -> TracedTensor:
         if primal.layout != torch.strided:
+            if isinstance(sets, S.PendingUnion):
+                sets = sets.merged()
             # sparse layouts: a constant stays a plain sparse tensor (its structure is respected by
             # the product rules); one whose values depend on the input cannot be traced
             if sets is not None and sets.nnz and is_differentiable_dtype(primal.dtype):
@@ -853,6 +859,7 @@ class Tracer:
         if facts.aliasing:
             return self._aliasing(call, pout, facts.aliases, restore)
 
+        call.lazy = self._lazy and rule is not None and rule.builtin and "observe" not in self.__dict__
         out_sets = self._run_rule(call, rule)
         wrapped = iter([self.wrap(t, s) for t, s in zip(out_tensors, out_sets)])
         return _unflatten([next(wrapped) if isinstance(o, torch.Tensor) else o for o in outs_flat], out_spec)
@@ -1035,7 +1042,7 @@ class Tracer:
                 torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
         ids = ids_list[0]
         idx = ids if target._idx is None or rows is not None else target._idx[ids]
-        if len(idx) == target._storage.sets.shape[0] and np.array_equal(idx, np.arange(len(idx))):
+        if _is_identity(idx, target._storage.rows):
             idx = None
         target._idx = idx
         target._sets_cache = None
@@ -1049,7 +1056,7 @@ class Tracer:
         storage's element ``ids[k]``)."""
         idx = ids if base._idx is None or of_storage else base._idx[ids]
         storage = base._storage
-        if len(idx) == storage.sets.shape[0] and np.array_equal(idx, np.arange(len(idx))):
+        if _is_identity(idx, storage.rows):
             idx = None
         view = TracedTensor(storage, primal, idx, self.device)
         view._detached = base._detached
@@ -1066,6 +1073,31 @@ class Tracer:
         mapping = np.arange(rows, dtype=np.int64)
         mapping[target._idx] = rows + np.arange(len(target._idx), dtype=np.int64)
         storage.sets = S.take_rows(S.vstack([storage.sets, new_sets]), mapping)
+
+
+# Whether a read-only element map (the memoized ids of a view op, shared by every trace that makes
+# the same view) is the identity, by the array's id, with a weak reference to the array: the entry
+# is for that array only while it lives, and keeps no array alive.
+_IDENTITY: dict = {}
+_IDENTITY_SIZE = 4096
+
+
+def _is_identity(idx: np.ndarray, rows: int) -> bool:
+    """Whether the element map ``idx`` of a view of a storage with ``rows`` elements is
+    ``0, 1, ..., rows - 1`` (the view is its storage's own layout)."""
+    k = len(idx)
+    if k != rows or (k and (idx[0] != 0 or idx[-1] != k - 1)):
+        return False
+    if idx.flags.writeable:
+        return bool(np.array_equal(idx, np.arange(k)))
+    hit = _IDENTITY.get(id(idx))
+    if hit is not None and hit[0]() is idx:
+        return hit[1]
+    same = bool(np.array_equal(idx, np.arange(k)))
+    if len(_IDENTITY) >= _IDENTITY_SIZE:
+        _IDENTITY.clear()
+    _IDENTITY[id(idx)] = (weakref.ref(idx), same)
+    return same
 
 
 def trace(f: Callable, x: torch.Tensor, *, local: bool, strict: bool = False,

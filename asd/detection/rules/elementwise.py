@@ -65,13 +65,34 @@ def broadcast_union(call: Call, skip: tuple[str, ...] = ()) -> list:
     return res
 
 
+def elementwise(call: Call, skip: tuple[str, ...] = ()) -> list:
+    """:func:`broadcast_union` as an op's own rule: where the tracer allows it (``call.lazy``) the
+    union is left pending (:class:`asd.detection.sets.PendingUnion`), an operand's pending parts
+    joining the output's, so that a chain of elementwise ops merges rows once."""
+    if not call.lazy or len(call.outs) != 1:
+        return broadcast_union(call, skip)
+    out = call.outs[0]
+    if not is_differentiable_dtype(out.dtype):
+        return [None]
+    shape = tuple(out.shape)
+    parts: list = []
+    for a in _tensor_args(call, skip):
+        if tuple(a.shape) == shape:
+            parts.extend(call.set_parts(a))
+        else:
+            s = operand_sets(call, a, out)
+            if s is not None:
+                parts.append(s)
+    return [S.lazy_union(parts, out.numel(), call.n)]
+
+
 def mul_rule(call: Call) -> list:
     """``self * other``: the union of both operands' sets. Traced locally, an operand's sets are
     dropped where the other operand is a constant (it depends on no input) equal to zero, as the
     derivative there is that zero; globally a constant's values may change between calls."""
     out = call.outs[0]
     if not call.local or call.func._schema.is_mutable or not is_differentiable_dtype(out.dtype):
-        return broadcast_union(call)
+        return elementwise(call)
     b = call.bound()
     parts = []
     for a, other in ((b.get("self"), b.get("other")), (b.get("other"), b.get("self"))):
@@ -99,14 +120,14 @@ def zero(call: Call) -> list:
 
 def _skipping(*names: str):
     def rule(call: Call) -> list:
-        return broadcast_union(call, skip=names)
+        return elementwise(call, skip=names)
     return rule
 
 
 def div_rule(call: Call) -> list:
     if call.bound().get("rounding_mode") is not None:
         return zero(call)
-    return broadcast_union(call)
+    return elementwise(call)
 
 
 def _masked_by_value(predicate):
@@ -245,27 +266,27 @@ ZERO = aten_ops(
 # linear in ``self``, nonlinear in ``other``
 _QUOTIENT = (("self", "other"), ("other", "other"))
 
-register_rule(NONLINEAR_UNARY, broadcast_union, second_order="nonlinear", family="elementwise")
-register_rule(aten_ops("xlogy", "special_xlogy", "special_xlog1py"), broadcast_union, second_order="nonlinear",
+register_rule(NONLINEAR_UNARY, elementwise, second_order="nonlinear", family="elementwise")
+register_rule(aten_ops("xlogy", "special_xlogy", "special_xlog1py"), elementwise, second_order="nonlinear",
               pairs=_QUOTIENT, family="elementwise")
-register_rule(aten_ops("addcdiv", "addcdiv_"), broadcast_union, second_order="nonlinear",
+register_rule(aten_ops("addcdiv", "addcdiv_"), elementwise, second_order="nonlinear",
               pairs=(("tensor1", "tensor2"), ("tensor2", "tensor2")), family="elementwise")
-register_rule(PIECEWISE_LINEAR, broadcast_union, second_order="linear", family="elementwise")
-register_rule(LINEAR, broadcast_union, second_order="linear", family="elementwise")
+register_rule(PIECEWISE_LINEAR, elementwise, second_order="linear", family="elementwise")
+register_rule(LINEAR, elementwise, second_order="linear", family="elementwise")
 register_rule(aten_ops("mul", "mul_"), mul_rule, second_order="bilinear", pairs=(("self", "other"),),
               family="elementwise")
-register_rule(aten_ops("addcmul", "addcmul_"), broadcast_union, second_order="bilinear",
+register_rule(aten_ops("addcmul", "addcmul_"), elementwise, second_order="bilinear",
               pairs=(("tensor1", "tensor2"),), family="elementwise")
-register_rule(aten_ops("prelu", "_prelu_kernel"), broadcast_union, second_order="bilinear",
+register_rule(aten_ops("prelu", "_prelu_kernel"), elementwise, second_order="bilinear",
               pairs=(("self", "weight"),), family="elementwise")
-register_rule(aten_ops("lerp", "lerp_"), broadcast_union, second_order="bilinear",
+register_rule(aten_ops("lerp", "lerp_"), elementwise, second_order="bilinear",
               pairs=(("weight", "self"), ("weight", "end")), family="elementwise")
 register_rule(ZERO, zero, second_order="zero", family="elementwise")
 register_rule(aten_ops("div", "div_", "true_divide"), div_rule, second_order="nonlinear", pairs=_QUOTIENT,
               family="elementwise")
 register_rule(aten_ops("copysign", "copysign_", "nextafter", "nextafter_"), _skipping("other"), second_order="linear",
               family="elementwise")
-register_rule([torch.ops.aten.max.other, torch.ops.aten.min.other], broadcast_union, second_order="linear",
+register_rule([torch.ops.aten.max.other, torch.ops.aten.min.other], elementwise, second_order="linear",
               family="elementwise")
 register_rule(aten_ops("relu", "relu_"), _masked_by_value(lambda x, b: x > 0), second_order="linear",
               family="elementwise")
@@ -369,5 +390,5 @@ _SCALAR_EXPONENT = ("pow.Tensor_Scalar", "pow.Tensor_Scalar_out", "pow_.Scalar",
 # the table's class is that of a constant exponent 1 (linear); the rule records the others' interactions
 register_rule([getattr(getattr(aten, n.split(".")[0]), n.split(".")[1]) for n in _SCALAR_EXPONENT], power_rule,
               second_order="linear", family="elementwise")
-register_rule(overloads_except(_POWERS, *_SCALAR_EXPONENT), broadcast_union, second_order="nonlinear",
+register_rule(overloads_except(_POWERS, *_SCALAR_EXPONENT), elementwise, second_order="nonlinear",
               family="elementwise")

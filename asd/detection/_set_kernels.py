@@ -21,6 +21,34 @@ def _check_pointers(indptr, nnz_max):
         raise ValueError(_MALFORMED)
 
 
+@njit(cache=True, inline="always")
+def _merge(x, p, pe, y, q, qe, out, k):
+    """Merge the sorted runs ``x[p:pe]`` and ``y[q:qe]`` into ``out`` from position ``k`` (an
+    entry in both once); returns the position after the last entry written."""
+    while p < pe and q < qe:
+        u, v = x[p], y[q]
+        if u < v:
+            out[k] = u
+            p += 1
+        elif v < u:
+            out[k] = v
+            q += 1
+        else:
+            out[k] = u
+            p += 1
+            q += 1
+        k += 1
+    while p < pe:
+        out[k] = x[p]
+        p += 1
+        k += 1
+    while q < qe:
+        out[k] = y[q]
+        q += 1
+        k += 1
+    return k
+
+
 @njit(cache=True)
 def union2(ap, aj, bp, bj):
     """Row-wise union of two CSR structures with the same rows and sorted rows: ``(indptr, indices)``
@@ -36,28 +64,7 @@ def union2(ap, aj, bp, bj):
     k = 0
     cp[0] = 0
     for i in range(m):
-        p, pe, q, qe = ap[i], ap[i + 1], bp[i], bp[i + 1]
-        while p < pe and q < qe:
-            x, y = aj[p], bj[q]
-            if x < y:
-                cj[k] = x
-                p += 1
-            elif y < x:
-                cj[k] = y
-                q += 1
-            else:
-                cj[k] = x
-                p += 1
-                q += 1
-            k += 1
-        while p < pe:
-            cj[k] = aj[p]
-            p += 1
-            k += 1
-        while q < qe:
-            cj[k] = bj[q]
-            q += 1
-            k += 1
+        k = _merge(aj, ap[i], ap[i + 1], bj, bp[i], bp[i + 1], cj, k)
         cp[i + 1] = k
     return cp, cj[:k]
 
@@ -189,32 +196,8 @@ def union_k(P, J):
                         a[na] = J[t]
                         na += 1
                     continue
-                p = 0
-                nb = 0
-                while p < na and q < qe:
-                    x = a[p]
-                    y = J[q]
-                    if x < y:
-                        b[nb] = x
-                        p += 1
-                    elif y < x:
-                        b[nb] = y
-                        q += 1
-                    else:
-                        b[nb] = x
-                        p += 1
-                        q += 1
-                    nb += 1
-                while p < na:
-                    b[nb] = a[p]
-                    p += 1
-                    nb += 1
-                while q < qe:
-                    b[nb] = J[q]
-                    q += 1
-                    nb += 1
+                na = _merge(a, 0, na, J, q, qe, b, 0)
                 a, b = b, a
-                na = nb
             merged = a
         # sorted: drop adjacent repeats (a column in several parts, or twice in one)
         pos = start

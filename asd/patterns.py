@@ -214,10 +214,13 @@ class SparsityPattern:
 
     # -- conversions --------------------------------------------------------------------
     def to_scipy(self):
-        """The pattern as a boolean ``scipy.sparse.csr_array`` (fresh, writable arrays)."""
+        """The pattern as a boolean ``scipy.sparse.csr_array`` (fresh, writable arrays), its index
+        arrays ``int32`` where the shape and the number of entries fit, as scipy itself chooses."""
         import scipy.sparse as sp
 
-        return sp.csr_array((np.ones(self.nnz, dtype=bool), self.indices.copy(), self.indptr.copy()),
+        # scipy scans int64 arrays for a smaller dtype that fits: handing it that dtype is 4x faster
+        dt = np.int32 if max(*self.shape, self.nnz) <= np.iinfo(np.int32).max else np.int64
+        return sp.csr_array((np.ones(self.nnz, dtype=bool), self.indices.astype(dt), self.indptr.astype(dt)),
                             shape=self.shape)
 
     def toarray(self) -> np.ndarray:

@@ -431,3 +431,19 @@ def test_zero_dimensional_and_empty_inputs():
     xe = torch.zeros(0, dtype=torch.float64)
     assert asd.sparse_jacobian(lambda v: v * 2, xe).shape == (0, 0)
     assert asd.sparse_jacobian(lambda v: torch.cat([v, torch.ones(2, dtype=v.dtype)]), xe).shape == (2, 0)
+
+
+def test_pattern_to_scipy_gives_fresh_arrays_of_the_smallest_index_dtype():
+    """``to_scipy`` (what ``jacobian_sparsity`` returns) hands scipy ``int32`` index arrays where
+    they fit, ``int64`` where the shape does not; the arrays are fresh and writable."""
+    from asd.patterns import SparsityPattern
+
+    P = SparsityPattern.from_coo([0, 2, 2], [1, 0, 3], (3, 4))
+    A = P.to_scipy()
+    assert A.indices.dtype == np.int32 and A.indptr.dtype == np.int32
+    np.testing.assert_array_equal(A.toarray(), P.toarray())
+    A.indices[0] = 2  # writable, and not the pattern's own
+    assert P.indices[0] == 1
+    wide = SparsityPattern.from_coo([0], [2**31 + 3], (1, 2**31 + 5))
+    B = wide.to_scipy()
+    assert B.indices.dtype == np.int64 and B.indices.tolist() == [2**31 + 3]

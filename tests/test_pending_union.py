@@ -246,3 +246,4 @@ def test_identity_memo_keeps_no_element_map_alive():
     del idx
     gc.collect()
     assert ref() is None
+

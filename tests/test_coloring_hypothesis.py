@@ -111,6 +111,49 @@ def test_default_jacobian_coloring_of_a_symmetric_pattern_colors_once(monkeypatc
     assert C.check(P.to_scipy(), res)
 
 
+@settings(max_examples=150, deadline=None)
+@given(m=st.integers(1, 25), n=st.integers(1, 25), density=st.sampled_from([0.05, 0.2, 0.5, 0.9]),
+       seed=st.integers(0, 2**31 - 1), prefer=st.sampled_from(["row", "column"]),
+       order=st.sampled_from(["natural", "largest_first", "smallest_last"]))
+def test_default_jacobian_coloring_is_the_better_of_both_colorings(m, n, density, seed, prefer, order):
+    """The default Jacobian coloring is the one with fewer colors of the column and row colorings
+    (``prefer`` on a tie), also where it skips the second because the first already reaches that
+    side's lower bound (the densest row or column)."""
+    from asd.coloring import choose
+    from asd.patterns import as_pattern
+
+    D = np.random.default_rng(seed).random((m, n)) < density
+    P = as_pattern(sp.csr_array(D))
+    col, row = C.color(P, "column", order), C.color(P, "row", order)
+    want = col if col.ncolors < row.ncolors or (col.ncolors == row.ncolors and prefer == "column") else row
+    got = choose.choose_jacobian(P, None, order, prefer=prefer)
+    if C.hopeless(P, "column") and C.hopeless(P, "row"):
+        return
+    if P.input_shape == P.output_shape and P.is_symmetric:
+        assert got.problem == prefer
+        return
+    assert got.problem == want.problem and got.ncolors == want.ncolors
+    np.testing.assert_array_equal(got.colors, want.colors)
+    assert C.check(D, got)
+
+
+def test_default_jacobian_coloring_skips_the_side_that_cannot_win(monkeypatch):
+    """A convolution's pattern: 27 column colors reach the column lower bound, and rows need at
+    least 72, so the row coloring (the costly one) is not computed."""
+    from asd.coloring import choose
+    from asd.detection import jacobian_pattern
+    from asd.problems import conv_layer
+
+    f, x = conv_layer("b")
+    P = jacobian_pattern(f, x)
+    calls = []
+    real = C.color
+    monkeypatch.setattr(C, "color", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    res = choose.choose_jacobian(P, None, "natural", prefer="row")
+    assert calls == ["column"] and res.problem == "column" and res.ncolors == 27
+    assert C.lower_bound(P, "row") >= 72
+
+
 @st.composite
 def square_structures(draw):
     """Square patterns: symmetric (A + A^T), symmetric but for one entry, or random."""

@@ -13,7 +13,7 @@ def choose_jacobian(pattern: SparsityPattern, problem: str | None, order: str, *
     (``prefer`` wins ties: ``"row"`` eagerly, where one VJP batch shares one forward pass,
     ``"column"`` for compiled or jitted JVPs). When neither can compress (see
     :func:`asd.coloring.hopeless`) dense AD runs on the smaller side without coloring."""
-    from asd.coloring import color, hopeless, recall_derived
+    from asd.coloring import color, hopeless, lower_bound, recall_derived
 
     if problem is not None:
         return color(pattern, problem, order=order)
@@ -25,8 +25,17 @@ def choose_jacobian(pattern: SparsityPattern, problem: str | None, order: str, *
         # the row problem of a symmetric pattern is its column problem: the same graph, the same
         # order, the same colors
         return color(pattern, prefer, order=order)
-    col = color(pattern, "column", order=order)
-    row = color(pattern, "row", order=order)
+    # the side with the smaller lower bound (``prefer`` on a tie) first: where its colors do not
+    # exceed the other side's lower bound, the other cannot win and is not colored (a convolution's
+    # 27 column colors against at least 72 row colors); the choice is the one of both colorings
+    bounds = {p: lower_bound(pattern, p) for p in ("column", "row")}
+    other = {"column": "row", "row": "column"}
+    first = min(("column", "row"), key=lambda p: (bounds[p], p != prefer))
+    a = color(pattern, first, order=order)
+    if a.ncolors < bounds[other[first]] or (a.ncolors == bounds[other[first]] and first == prefer):
+        return a
+    b = color(pattern, other[first], order=order)
+    col, row = (a, b) if first == "column" else (b, a)
     if col.ncolors != row.ncolors:
         return col if col.ncolors < row.ncolors else row
     return col if prefer == "column" else row

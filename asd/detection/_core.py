@@ -125,10 +125,6 @@ class Storage:
         """The number of rows of :attr:`sets` (without merging a pending union)."""
         return (self._pending if self._pending is not None else self._sets).shape[0]
 
-    def parts(self) -> tuple:
-        """Set matrices whose row-wise union is :attr:`sets`, without merging a pending union."""
-        return self._pending.parts if self._pending is not None else (self._sets,)
-
     def rows_at(self, positions: np.ndarray) -> np.ndarray | None:
         """The row of ``sets`` of the element at each storage position (counted in this storage's
         elements), or ``None`` where a position holds none of them."""

@@ -199,7 +199,7 @@ def _distinct(mats: Sequence[sp.csr_matrix]) -> list[sp.csr_matrix]:
 
 
 def _union_k(mats: list[sp.csr_matrix]) -> sp.csr_matrix:
-    """Row-wise union of three or more canonical set matrices of one shape, in one pass."""
+    """Row-wise union of several canonical set matrices of one shape, in one pass."""
     shape = mats[0].shape
     P = np.empty((len(mats), shape[0] + 1), dtype=np.int64)
     segments, offset = [], 0

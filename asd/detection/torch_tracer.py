@@ -1075,8 +1075,8 @@ class Tracer:
         storage.sets = S.take_rows(S.vstack([storage.sets, new_sets]), mapping)
 
 
-# Whether a read-only element map (the memoized ids of a view op, shared by every trace that makes
-# the same view) is the identity, by the array's id, with a weak reference to the array: the entry
+# Whether a read-only element map owning its data (the memoized ids of a view op, shared by every
+# trace that makes the same view) is the identity, by the array's id, with a weak reference to the array: the entry
 # is for that array only while it lives, and keeps no array alive.
 _IDENTITY: dict = {}
 _IDENTITY_SIZE = 4096
@@ -1088,7 +1088,7 @@ def _is_identity(idx: np.ndarray, rows: int) -> bool:
     k = len(idx)
     if k != rows or (k and (idx[0] != 0 or idx[-1] != k - 1)):
         return False
-    if idx.flags.writeable:
+    if idx.flags.writeable or idx.base is not None:  # its values may change: compared each time
         return bool(np.array_equal(idx, np.arange(k)))
     hit = _IDENTITY.get(id(idx))
     if hit is not None and hit[0]() is idx:

@@ -247,3 +247,15 @@ def test_identity_memo_keeps_no_element_map_alive():
     gc.collect()
     assert ref() is None
 
+
+
+def test_an_operand_used_twice_takes_its_parts_once():
+    """``a + a`` with ``a`` pending takes its parts once, leaving it pending (the second use was a
+    second take, which merged ``a`` for nothing)."""
+    tracer = Tracer(16, local=False)
+    with tracer:
+        x = tracer.input(torch.rand(16, dtype=torch.float64))
+        a = x + x.roll(1) + x.roll(2)
+        b = a + a
+        assert a._storage._pending is not None and b._storage._pending is not None
+        np.testing.assert_array_equal(b.sets.toarray(), a.sets.toarray())

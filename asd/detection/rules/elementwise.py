@@ -76,7 +76,11 @@ def elementwise(call: Call, skip: tuple[str, ...] = ()) -> list:
         return [None]
     shape = tuple(out.shape)
     parts: list = []
+    seen: set = set()
     for a in _tensor_args(call, skip):
+        if id(a) in seen:  # ``a + a``: its sets once (a second take would merge its pending union)
+            continue
+        seen.add(id(a))
         if tuple(a.shape) == shape:
             parts.extend(call.set_parts(a))
         else:

@@ -164,10 +164,14 @@ def _same_structure(a: sp.csr_matrix, b: sp.csr_matrix) -> bool:
     return (a.nnz == b.nnz and np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices))
 
 
-def _union2(a: sp.csr_matrix, b: sp.csr_matrix) -> sp.csr_matrix:
-    if a.shape != b.shape:
-        raise ValueError(f"union of set matrices of shapes {a.shape} and {b.shape}: a rule returned sets of the "
+def _check_shape(m: sp.csr_matrix, shape: tuple[int, int]) -> None:
+    if m.shape != shape:
+        raise ValueError(f"union of set matrices of shapes {m.shape} and {shape}: a rule returned sets of the "
                          "wrong shape")
+
+
+def _union2(a: sp.csr_matrix, b: sp.csr_matrix) -> sp.csr_matrix:
+    _check_shape(b, a.shape)
     if _same_structure(a, b):
         return a
     canonical = (a.has_sorted_indices and b.has_sorted_indices and a.dtype == np.bool_ and b.dtype == np.bool_
@@ -244,9 +248,7 @@ def union(mats: Sequence[sp.csr_matrix | None], rows: int, n: int) -> sp.csr_mat
     if not present:
         return empty(rows, n)
     for m in present:
-        if m.shape != (rows, n):
-            raise ValueError(f"union of set matrices of shapes {m.shape} and {(rows, n)}: a rule returned sets of "
-                             "the wrong shape")
+        _check_shape(m, (rows, n))
     if _one_pass(present, rows):
         return _union_k(present)
     out = present[0]
@@ -292,9 +294,7 @@ def lazy_union(parts: Sequence[sp.csr_matrix], rows: int, n: int):
     if len(present) > PendingUnion.MAX_PARTS:
         return union(present, rows, n)
     for m in present:
-        if m.shape != (rows, n):
-            raise ValueError(f"union of set matrices of shapes {m.shape} and {(rows, n)}: a rule returned sets of "
-                             "the wrong shape")
+        _check_shape(m, (rows, n))
     return PendingUnion(tuple(present), (rows, n))
 
 

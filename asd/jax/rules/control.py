@@ -127,7 +127,7 @@ def custom_derivative(ctx):
     interp.custom_vjp = interp.custom_vjp or "vjp" in ctx.eqn.primitive.name
     body = ctx.call(_inner(ctx.params), ctx.ins)
     diff = [i for i in range(len(ctx.ins)) if ctx.sets(i) is not None]
-    if not diff or getattr(interp, "in_rule", False):
+    if not diff or interp.in_rule:
         # inside a rule's JVP, custom functions compute its primal and coefficients (no tangent passes
         # through them: JAX applied their rules already), which only the body's sets describe
         return _finish(ctx, body)

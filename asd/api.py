@@ -95,7 +95,8 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
     try:
         result = evaluate(op, x)
         values = result if isinstance(result, torch.Tensor) else result[-1].values()
-        report = op.check(x, values)
+        # checked with this call's arguments: the operator's own are those it was prepared with
+        report = op.check(x, values, args=args, kwargs=kwargs)
         reason = None if report.ok else str(report)
     except InputError as exc:  # e.g. the output changed size since the operator was prepared
         reason = str(exc)
@@ -106,7 +107,7 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
     fresh = cls(f, x, args=args, kwargs=kwargs, **options)
     result = evaluate(fresh, x)
     values = result if isinstance(result, torch.Tensor) else result[-1].values()
-    report = fresh.check(x, values)
+    report = fresh.check(x, values, args=args, kwargs=kwargs)
     if not report.ok:
         raise CheckError(f"the freshly prepared {kind} disagrees with its cross-mode check ({report}); the two AD "
                          "modes of PyTorch disagree on this function: try another mode= / hvp=")

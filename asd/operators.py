@@ -61,6 +61,22 @@ def _private(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1).clone()
 
 
+class _WritesInput(AsdError):
+    """Raised inside :meth:`_SparseOperator._evaluate` when ``f`` wrote into its input during an
+    evaluation: the products are evaluated again on a copy made inside ``f``'s call."""
+
+
+def _copying_input(g: Callable) -> Callable:
+    """``g`` called on a copy of its argument. Under ``jvp`` the copy is a new dual tensor: a
+    function that writes into its input then writes into the copy's tangent, not into the
+    operator's seed rows (which every later call reuses), and not into the point shared by the
+    products of one batch or one loop."""
+    def copying(z, *rest):
+        return g(z.clone(), *rest)
+    copying.copies_input = True
+    return copying
+
+
 #: colorings that need more than this fraction of the columns (rows) warn: compression barely pays
 DENSE_WARNING_FRACTION = 0.5
 
@@ -374,13 +390,50 @@ class _SparseOperator:
     def _evaluate(self, run: Callable, x: torch.Tensor, call_args=None):
         """``run(backend, state, decompressor, xf)`` under the evaluation lock and the module guard.
         An evaluation that torch.func refuses (at the first call, or at a later point where a
-        backward formula takes another branch) falls back to the next strategy that runs."""
-        with EVAL_LOCK, self._guard.protect():
+        backward formula takes another branch) falls back to the next strategy that runs.
+
+        A function that writes into its input (``z.mul_(2)``, ``ReLU(inplace=True)``) would write
+        into the tangents of forward-mode products, the operator's own seed rows, and into the point
+        the products of one batch share: when one evaluation changes its copy of ``x``, the operator
+        from then on calls ``f`` on a copy made inside the call (:func:`_copying_input`), with new
+        seed rows, and the evaluation runs again."""
+        with EVAL_LOCK:
+            try:
+                return self._evaluate_once(run, x, call_args)
+            except _WritesInput:
+                if getattr(self._g, "copies_input", False):
+                    raise AsdError("asd: f changed its input although it was given a copy of it; this "
+                                   "operator cannot evaluate it") from None
+                self._copy_input()
+                return self._evaluate_once(run, x, call_args)
+
+    def _copy_input(self) -> None:
+        """Evaluate ``f`` on a copy of its input from now on (see :meth:`_evaluate`): every state
+        built on the old function (and its seed rows) is made anew."""
+        self._g = _copying_input(self._g)
+        self.state = self.backend.init(self._g, self._x0, self.coloring, **self._options)
+        if self._warmup is not None:
+            self._start_warmup(self._warmup.backend, self._warmup.limit)
+        self._with_grad = None
+
+    def _run_private(self, run: Callable, backend, state, decompressor, x: torch.Tensor):
+        """``run`` on a private copy of ``x``; raises :class:`_WritesInput` when ``f`` changed it."""
+        xf = _private(x)
+        version = xf._version
+        out = run(backend, state, decompressor, xf)
+        if xf._version != version:
+            raise _WritesInput()
+        return out
+
+    def _evaluate_once(self, run: Callable, x: torch.Tensor, call_args=None):
+        with self._guard.protect():
             self._call_args = call_args or self._prepared_args
             warm = self._warmup_now(x)
             if warm is not None:
                 try:
-                    out = run(warm.backend, warm.state, self.decompressor, _private(x))
+                    out = self._run_private(run, warm.backend, warm.state, self.decompressor, x)
+                except _WritesInput:
+                    raise
                 except Exception:  # noqa: BLE001 - refused here: the operator's own strategy from now on
                     self._warmup = None
                 else:
@@ -392,9 +445,9 @@ class _SparseOperator:
                     if bool(torch.isfinite(total)):
                         return out
             if self._user_backend:
-                return run(self.backend, self.state, self.decompressor, _private(x))
+                return self._run_private(run, self.backend, self.state, self.decompressor, x)
             try:
-                out = run(self.backend, self.state, self.decompressor, _private(x))
+                out = self._run_private(run, self.backend, self.state, self.decompressor, x)
             except Exception as exc:  # noqa: BLE001 - refused by torch.func: try the other strategies
                 if isinstance(exc, AsdError) and not isinstance(exc, TransformUnsupported):
                     raise
@@ -409,7 +462,9 @@ class _SparseOperator:
                     try:
                         state = backend.init(self._g, self._x0, coloring, **self._options)
                         decompressor = Decompressor(coloring, self.device)
-                        out = run(backend, state, decompressor, _private(x))
+                        out = self._run_private(run, backend, state, decompressor, x)
+                    except _WritesInput:
+                        raise
                     except Exception as exc2:  # noqa: BLE001 - this one does not run either: next
                         last = exc2
                         continue

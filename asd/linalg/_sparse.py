@@ -297,18 +297,36 @@ def _coo_pattern(A: torch.Tensor, idx: torch.Tensor, name: str) -> Pattern:
     return P
 
 
+def position_key(P: Pattern) -> torch.Tensor:
+    """Each stored entry's position as one integer, increasing in row-major order: ``row * m +
+    column`` within its batch item (the flattened block-diagonal matrix is ``B`` times wider, and
+    its ``row * n_cols`` would overflow int64 where ``B^2 n m`` does). Inverse: :func:`key_position`."""
+    if P.batch:
+        return P.row * P.m + (P.col - torch.div(P.row, P.n, rounding_mode="floor") * P.m)
+    return P.row * P.n_cols + P.col
+
+
+def key_position(P: Pattern, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row, col)`` in the flattened (block-diagonal) matrix of the keys of :func:`position_key`."""
+    width = P.m if P.batch else P.n_cols
+    row = torch.div(key, width, rounding_mode="floor")
+    col = key % width
+    if P.batch:
+        col = col + torch.div(row, P.n, rounding_mode="floor") * P.m
+    return row, col
+
+
 def _check_unique(P: Pattern, name: str, what: str, fix: str) -> None:
     """Reject a pattern storing one position twice (kernels would overwrite instead of summing)."""
     if P.nnz < 2:
         return
-    key = P.row * P.n_cols + P.col
+    key = position_key(P)
     if bool((key[1:] > key[:-1]).all()):
         return
     skey, _ = torch.sort(key)
     dup = (skey[1:] == skey[:-1]).nonzero()
     if dup.numel():
-        k = int(skey[int(dup[0, 0])])
-        r, c = k // P.n_cols, k % P.n_cols
+        r, c = (int(v) for v in key_position(P, skey[int(dup[0, 0])].reshape(1)))
         where = f"row {r % P.n}, column {c % P.m}" + (f" of batch item {r // P.n}" if P.batch else "")
         raise InputError(f"{name} has {what} ({where} is stored twice); {fix}")
 
@@ -426,12 +444,19 @@ def with_values(A: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     Parameters
     ----------
     A : torch.Tensor
-        Sparse COO or CSR template (its values are ignored).
+        Sparse COO or CSR template (its values are ignored). An uncoalesced COO template is
+        accepted only where its entries already are in coalesced order without repeats (otherwise
+        the order of ``values`` would be ambiguous): pass ``A.coalesce()``.
     values : torch.Tensor
-        Stored values, shape ``(nnz,)`` or ``(B, nnz)`` for batched CSR.
+        Stored values, shape ``(nnz,)`` or ``(B, nnz)`` for batched CSR, in the template's order.
     """
     check_sparse(A)
-    A = _coalesced(A, "A")
+    C = _coalesced(A, "A")
+    if C is not A and not (C._nnz() == A._nnz() and torch.equal(C._indices(), A._indices())):
+        raise InputError("A is an uncoalesced COO template whose entries are not in coalesced order (or "
+                         "repeat an index), so the order of values is ambiguous: pass A.coalesce() and "
+                         "values in its order")
+    A = C
     P = get_pattern(A)
     if values.numel() != P.nnz:
         raise InputError(f"values has {values.numel()} elements, the pattern stores {P.nnz}")

@@ -92,9 +92,13 @@ class SolverState:
     transposed : bool
         The state solves with ``A^T`` (see :meth:`Solver.transpose`).
     snapshot : torch.Tensor or None
-        A private copy of ``values`` taken by ``init``: a state whose ``values`` were changed in
+        A private copy of A's own stored values taken by ``init``: a state whose A was changed in
         place since (an optimizer step on A) is refused, as its factorization or preconditioner
         belongs to the old A.
+    source : torch.Tensor or None
+        The matrix given to ``init``, whose stored values :meth:`check_current` compares with the
+        snapshot (``values`` is a coalesced copy for an uncoalesced COO matrix, which an update of
+        A leaves as it was).
     """
 
     solver: "Solver"
@@ -102,14 +106,17 @@ class SolverState:
     values: torch.Tensor
     transposed: bool
     snapshot: Optional[torch.Tensor] = field(default=None, kw_only=True, repr=False)
+    source: Optional[torch.Tensor] = field(default=None, kw_only=True, repr=False)
 
     def check_current(self) -> None:
-        """Raise :class:`asd.InputError` if ``values`` changed since ``init`` (compared by content:
-        a write through numpy leaves no version count)."""
-        v = self.values.detach()
-        if self.snapshot is None or v.is_meta:
+        """Raise :class:`asd.InputError` if A's stored values changed since ``init`` (compared by
+        content: a write through numpy leaves no version count)."""
+        if self.snapshot is None:
             return
-        if not torch.equal(v, self.snapshot):
+        v = _stored_values(self.source) if self.source is not None else self.values.detach()
+        if v.is_meta:
+            return
+        if v.shape != self.snapshot.shape or not torch.equal(v, self.snapshot):
             raise InputError("A's stored values changed in place since solver.init(A), so the prepared "
                              "factorization or preconditioner is of the old A; call solver.init(A) again")
 
@@ -118,6 +125,13 @@ class SolverState:
         """``(rows of b, rows of x)`` of the (flattened, block-diagonal) system ``op(A) x = b``."""
         P = self.pattern
         return (P.n_cols, P.n_rows) if self.transposed else (P.n_rows, P.n_cols)
+
+
+def _stored_values(A: torch.Tensor) -> torch.Tensor:
+    """A's own stored values as they are now (an uncoalesced COO matrix's duplicates included),
+    detached: what an in-place update of A (an optimizer step) changes."""
+    A = A.detach()
+    return A.values() if A.layout == torch.sparse_csr else A._values()
 
 
 def check_count(value, name: str, *, allow_none: bool = False) -> None:
@@ -167,8 +181,9 @@ class Solver(ABC):
         if not all_finite(vals.detach()):
             raise InputError("A has NaN or inf among its stored values; a solve needs finite A")
         state = self._prepare(P, vals)
-        snapshot = None if vals.is_meta else vals.detach().clone()
-        return dataclasses.replace(state, snapshot=snapshot)
+        stored = _stored_values(A)
+        snapshot = None if stored.is_meta else stored.clone()
+        return dataclasses.replace(state, snapshot=snapshot, source=A)
 
     def transpose(self, state: SolverState) -> SolverState:
         """The state of ``A^T``, sharing ``state``'s factorization or prepared operator."""
@@ -246,6 +261,13 @@ def apply_solve(state: SolverState, vals: torch.Tensor, b: torch.Tensor,
     return from_columns(X, layout, P, n_x), out[0]
 
 
+def _run_columns(state: SolverState, Bm: torch.Tensor, X0: Optional[torch.Tensor]) -> tuple[torch.Tensor, SolveInfo]:
+    """``state.solver._run``; no columns (``b`` of shape ``(n, 0)``) solve to no columns."""
+    if Bm.shape[1] == 0:
+        return Bm.new_zeros((state.shape[1], 0)), SolveInfo(state.solver.name, True, 0, 0.0, float("nan"), ())
+    return state.solver._run(state, Bm, X0)
+
+
 def _report(info: SolveInfo, warn: bool, adjoint: bool, meta: bool) -> None:
     if warn and not info.converged and not meta:
         what = "adjoint (backward) solve" if adjoint else "solve"
@@ -260,7 +282,7 @@ class _ImplicitSolve(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, vals, Bm, state, X0, warn, out):
-        X, info = state.solver._run(state, Bm.detach(), X0)
+        X, info = _run_columns(state, Bm.detach(), X0)
         _report(info, warn, adjoint=out is None, meta=is_meta(X))
         if out is not None:
             out.append(info)
@@ -278,7 +300,7 @@ class _ImplicitSolve(torch.autograd.Function):
         def solve(s: SolverState, rhs: torch.Tensor) -> torch.Tensor:
             if graph:
                 return _ImplicitSolve.apply(vals, rhs, s, None, ctx.warn, None)
-            Y, info = s.solver._run(s, rhs.detach(), None)
+            Y, info = _run_columns(s, rhs.detach(), None)
             _report(info, ctx.warn, adjoint=True, meta=is_meta(Y))
             return Y
 

@@ -60,26 +60,31 @@ def cg(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: int)
     r, rn = _residual(A, b, x)
     if rn <= tol:
         return x, 0, rn
-    z = M(r) if M else r
-    p = z.clone()
-    rz = torch.dot(r, z)
-    broke = torch.zeros((), dtype=torch.bool, device=b.device)
     it = 0
-    while it < maxiter:
-        for _ in _block(it, maxiter, check_every):
-            Ap = A(p)
-            pAp = torch.dot(p, Ap)
-            broke = broke | (pAp == 0)
-            alpha = _div(rz, pAp)
-            x = x + alpha * p
-            r = r - alpha * Ap
-            z = M(r) if M else r
-            rz_new = torch.dot(r, z)
-            p = z + _div(rz_new, rz) * p
-            rz = rz_new
-            it += 1
-        rn, stop = read_back(_norm(r), broke)
-        if rn <= tol or stop:
+    while it < maxiter:  # the updated residual drifts from b - A x: a stop it claims is confirmed
+        z = M(r) if M else r
+        p = z.clone()
+        rz = torch.dot(r, z)
+        broke = torch.zeros((), dtype=torch.bool, device=b.device)
+        stop = False
+        while it < maxiter:
+            for _ in _block(it, maxiter, check_every):
+                Ap = A(p)
+                pAp = torch.dot(p, Ap)
+                broke = broke | (pAp == 0)
+                alpha = _div(rz, pAp)
+                x = x + alpha * p
+                r = r - alpha * Ap
+                z = M(r) if M else r
+                rz_new = torch.dot(r, z)
+                p = z + _div(rz_new, rz) * p
+                rz = rz_new
+                it += 1
+            rn, stop = read_back(_norm(r), broke)
+            if rn <= tol or stop:
+                break
+        r, rn = _residual(A, b, x)  # the true residual: restart from it where the updated one was wrong
+        if rn <= tol or stop or not math.isfinite(rn):
             break
     return x, it, rn
 
@@ -115,10 +120,13 @@ def bicgstab(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every
                 rho = rho_new
                 it += 1
             rn, stop = read_back(_norm(r), broke)
-            if rn <= tol:
-                return x, it, rn
-            if stop:
+            if rn <= tol or stop:
                 break
+        # the updated residual drifts from b - A x: a stop it claims is confirmed, and a restart
+        # starts from the true residual
+        r, rn = _residual(A, b, x)
+        if rn <= tol or not math.isfinite(rn):
+            return x, it, rn
         if rn >= rn0:                          # a restart that made no progress: give up
             break
     return x, it, rn

@@ -9,7 +9,7 @@ import torch
 
 from asd.errors import InputError
 from asd.linalg import _kernels as K
-from asd.linalg._sparse import (Pattern, check_dtypes, crow_of_rows, from_pattern,
+from asd.linalg._sparse import (Pattern, check_dtypes, crow_of_rows, from_pattern, key_position, position_key,
                                 pattern_from_csr, values_of)
 
 __all__ = ["add"]
@@ -22,13 +22,12 @@ def _union_plan(PA: Pattern, PB: Pattern):
     hit = PA._cache.get(key)
     if hit is not None and hit[0] is PB:
         return hit[1]
-    ka = PA.row * PA.n_cols + PA.col
-    kb = PB.row * PB.n_cols + PB.col
+    ka = position_key(PA)
+    kb = position_key(PB)
     keys = torch.unique(torch.cat([ka, kb]))                  # sorted: row-major CSR order
     ia = torch.searchsorted(keys, ka)
     ib = torch.searchsorted(keys, kb)
-    row = keys // PA.n_cols
-    col = keys % PA.n_cols
+    row, col = key_position(PA, keys)
     crow = crow_of_rows(row, PA.n_rows)
     PC = pattern_from_csr(PA.layout, PA.shape, crow, col.contiguous(), PA.batch)
     PC._cache["row"] = row

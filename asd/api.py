@@ -98,7 +98,7 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
         # checked with this call's arguments: the operator's own are those it was prepared with
         report = op.check(x, values, args=args, kwargs=kwargs)
         reason = None if report.ok else str(report)
-    except InputError as exc:  # e.g. the output changed size since the operator was prepared
+    except (InputError, CheckError) as exc:  # the output changed size; the probe of a call with other arguments
         reason = str(exc)
     if reason is None:
         return op, result

@@ -24,6 +24,7 @@ from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor
 from .detection.jacobian import check_input
 from .backends.traced import CALLS_BEFORE_TRACING, Tracing
+from . import arg_values
 from .cache import ValueGuard, fingerprint
 from .checks import CheckReport, checks_forced, probe
 from .backends.autograd_loop import AutogradLoop
@@ -221,11 +222,12 @@ class _SparseOperator:
     holds its trace: it is not detected again when what ``f`` reads changes its structure (a
     Python flag or loop count, an index tensor written in place, a float argument or global that a
     Python ``if`` compares). Values follow such changes; a pattern that no longer holds is found
-    only by the probe, with ``check=True`` or extra arguments that differ in more than float
-    values, and the probe judges each row at its own scale, so an entry many orders below the
-    largest of its row can be missed. Prepare again after such a change; :func:`asd.sparse_jacobian`
-    and :func:`asd.sparse_hessian` do that themselves where the fingerprint of what ``f`` reads
-    (float values aside) changes.
+    only by the probe, with ``check=True`` or extra arguments that differ from the prepared ones
+    (and from the latest checked call's; in float values too unless ``check=False``), and the probe
+    judges each row at its own scale, so an entry many orders below the largest of its row can be
+    missed. Prepare again after such a change; :func:`asd.sparse_jacobian` and
+    :func:`asd.sparse_hessian` do that themselves where the fingerprint of what ``f`` reads (float
+    values aside) changes.
     """
 
     _what = "this operator"
@@ -256,6 +258,10 @@ class _SparseOperator:
         self._prepared_args = (args, dict(kwargs or {}))
         self._args_fingerprint = fingerprint(self._prepared_args)
         self._args = _CallArgs(self._prepared_args)
+        # the values of the extra arguments known to be right: the prepared ones, and those of the
+        # latest call the probe checked (see _call_with)
+        self._checked_args = [arg_values.snapshot(self._prepared_args)]
+        self._trust_arg_values = False
 
     @property
     def _call_args(self) -> tuple:
@@ -273,12 +279,23 @@ class _SparseOperator:
         return lambda z: f(z, *box.value[0], **box.value[1])
 
     def _call_with(self, args: tuple, kwargs: dict):
-        """The argument pair of a call (the prepared one when none is given) and whether it differs
-        structurally from the prepared one (then the call is checked by the probe)."""
+        """The argument pair of a call (the prepared one when none is given) and whether the probe
+        checks the call: its arguments differ structurally from the prepared ones, or in value from
+        both the prepared ones and those of the latest checked call (a pattern may follow a value:
+        ``if c > 0``, ``torch.where(M > 0, ...)``), unless ``check=False`` was given."""
         if not args and not kwargs:
             return self._prepared_args, False
         pair = (tuple(args), dict(kwargs))
-        return pair, fingerprint(pair) != self._args_fingerprint
+        if fingerprint(pair) != self._args_fingerprint:
+            return pair, True
+        if self._trust_arg_values:
+            return pair, False
+        return pair, not any(arg_values.same(pair, snap) for snap in self._checked_args)
+
+    def _checked_with(self, pair: tuple) -> None:
+        """Remember the values of arguments a call was checked with (beside the prepared ones)."""
+        if pair is not self._prepared_args:
+            self._checked_args[1:] = [arg_values.snapshot(pair)]
 
     def _prepare_pattern(self, detect: Callable, given, conform: Callable) -> None:
         """``self.pattern``: detected (``detect()`` returns the pattern and the trace's
@@ -544,8 +561,10 @@ class _SparseOperator:
 
         ``args``/``kwargs`` are ``f``'s extra, non-differentiated arguments (default: those given at
         preparation). With ``check=True`` (or ``"first"`` on the first call), or extra arguments that
-        differ in more than float values from the prepared ones, the values are verified by
-        :meth:`check` before they are returned; a failed check raises :class:`asd.CheckError`.
+        differ from the prepared ones and from those of the latest checked call (in structure, or in
+        value: a pattern may follow a value, ``if c > 0``), the values are verified by :meth:`check`
+        before they are returned; a failed check raises :class:`asd.CheckError`. An operator
+        prepared with ``check=False`` checks only structural differences.
 
         ``out``: a preallocated buffer (1-D, ``nnz`` elements, the operator's dtype and device) that
         receives the values and is returned, for solver loops that keep one array of Jacobian or
@@ -563,6 +582,8 @@ class _SparseOperator:
             vals = vals.to(self.dtype)
         if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals, call_args)
+            if changed:
+                self._checked_with(call_args)
         if out is None:
             return vals
         if vals.requires_grad and torch.is_grad_enabled():
@@ -733,6 +754,9 @@ class SparseJacobian(_SparseOperator):
         Verify calls with the cross-mode probe (:meth:`check`): ``False``, ``"first"`` (the first
         call only) or ``True`` (every call; the default with ``local=True`` or a user ``pattern``,
         whose validity at other points is not known). ``ASD_CHECK=1`` turns it on everywhere.
+        Whatever it is, a call whose extra arguments differ from the prepared ones (and from the
+        latest checked call's) is checked; ``check=False`` given explicitly limits that to
+        structural differences (float values are then trusted not to change the pattern).
 
     Attributes
     ----------
@@ -790,6 +814,7 @@ class SparseJacobian(_SparseOperator):
                                                                prefer="column" if compile else "row"))
         _warn_if_dense(result, self.pattern)
         self._order = order
+        self._trust_arg_values = check is False and not checks_forced()
         check = _check_option(check, default=local or self._user_pattern)
         self._setup(self._flat(f), result, x, backend, batch_size, compile, check, trace, explicit=explicit)
         loop = AutogradLoop()
@@ -909,6 +934,7 @@ class SparseHessian(_SparseOperator):
         self._hvp = "forward_over_reverse" if hvp == "auto" else hvp
         self._g = self._flat(f)
         self._compile = compile
+        self._trust_arg_values = check is False and not checks_forced()
         check = _check_option(check, default=local or self._user_pattern)
         self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[self._hvp],
                     explicit=explicit)
@@ -965,6 +991,8 @@ class SparseHessian(_SparseOperator):
         vals = self.decompressor.values(torch.cat(parts) if len(parts) > 1 else parts[0]).to(self.dtype)
         if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals, call_args)
+            if changed:
+                self._checked_with(call_args)
         return value, grad.reshape(self.shape), self.decompressor.csr(vals)
 
     def __repr__(self) -> str:

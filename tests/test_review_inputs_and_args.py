@@ -118,3 +118,18 @@ def test_the_cross_mode_check_leaves_x_alone():
     keep = x.clone()
     assert op.check(x, values).ok
     assert torch.equal(x, keep)
+
+
+def test_a_float_argument_that_changes_the_structure_is_checked():
+    """A Python float compared by ``if`` and a float tensor compared by ``torch.where``: another
+    value of either changes the pattern, which the operator used without a check."""
+    x = torch.randn(N, dtype=torch.float64)
+    op = asd.prepare_jacobian(_f_structure_follows_c, x, args=(0.0,), mode="forward")
+    with pytest.raises(asd.CheckError):
+        op(x, 5.0)
+    g = lambda z, M: torch.where(M > 0, z.sin(), z.roll(1) ** 2)  # noqa: E731
+    M = torch.tensor([1., -1, 1, -1, 1, -1], dtype=torch.float64)
+    op = asd.prepare_jacobian(g, x, args=(M,))
+    with pytest.raises(asd.CheckError):
+        op(x, -M)
+    torch.testing.assert_close(op(x, M.clone()).to_dense(), torch.func.jacrev(lambda z: g(z, M))(x))

@@ -395,8 +395,15 @@ def test_extra_arguments_of_a_prepared_operator():
     idx = torch.tensor([0, 2, 4])
     op = asd.prepare_jacobian(f, X, args=(2.0,), kwargs={"idx": idx})
     assert_jac(op(X), lambda z: f(z, 2.0, idx=idx), X)
+    assert op.last_check is None
     assert_jac(op(X, 3.0, idx=idx), lambda z: f(z, 3.0, idx=idx), X)
-    assert op.last_check is None  # only a float changed: no probe needed
+    assert op.last_check is not None  # a float changed: a pattern may follow it (if scale > 2), probed
+    first = op.last_check
+    assert_jac(op(X, 3.0, idx=idx), lambda z: f(z, 3.0, idx=idx), X)
+    assert op.last_check is first  # the values of the latest checked call: not probed again
+    trusting = asd.prepare_jacobian(f, X, args=(2.0,), kwargs={"idx": idx}, check=False)
+    assert_jac(trusting(X, 3.0, idx=idx), lambda z: f(z, 3.0, idx=idx), X)
+    assert trusting.last_check is None  # check=False: float values are trusted
     with pytest.raises(CheckError):  # other indices: the pattern no longer holds, and the probe says so
         op(X, 3.0, idx=torch.tensor([1, 3, 5]))
 

@@ -128,8 +128,8 @@ class Interpreter:
         self.local = local
         self.strict = strict
         self.hessian = SecondOrder(n) if hessian else None
-        #: interpreting a custom_jvp / custom_vjp function's rule (asd.jax.rules.control)
-        self.in_rule = False
+        #: how many custom_jvp / custom_vjp functions' rules are being interpreted (asd.jax.rules.control)
+        self.in_rule = 0
         #: the trace met a custom_vjp function (which JAX differentiates in reverse mode only)
         self.custom_vjp = False
 

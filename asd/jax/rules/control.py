@@ -100,7 +100,7 @@ def _rule_vjp_sets(ctx, diff: list[int]) -> list:
     sizes = [ctx.out_size(k) for k in wrt]
     m = sum(sizes)
     inner = Interpreter(m, local=ctx.local)  # index space: the elements of the outputs
-    inner.in_rule = True
+    inner.in_rule = 1
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     cts = [Val(outs[k].shape, outs[k].dtype, S.take_rows(S.identity(m), np.arange(starts[j], starts[j + 1])))
            for j, k in enumerate(wrt)]
@@ -127,12 +127,16 @@ def custom_derivative(ctx):
     interp.custom_vjp = interp.custom_vjp or "vjp" in ctx.eqn.primitive.name
     body = ctx.call(_inner(ctx.params), ctx.ins)
     diff = [i for i in range(len(ctx.ins)) if ctx.sets(i) is not None]
-    if not diff or interp.in_rule:
+    if not diff or (interp.in_rule and (ctx.hessian is None or interp.in_rule > 1)):
         # inside a rule's JVP, custom functions compute its primal and coefficients (no tangent passes
-        # through them: JAX applied their rules already), which only the body's sets describe
+        # through them: JAX applied their rules already), which only the body's sets describe. A
+        # Hessian differentiates those coefficients once more, through the custom function's own rule
+        # (a straight-through rounding): one level down its rule's sets join the body's as everywhere
+        # (deeper, none: a rule calling its own function, as logaddexp's does, would recurse)
         return _finish(ctx, body)
+    outer_rule = interp.in_rule
     try:
-        interp.in_rule = True
+        interp.in_rule = outer_rule + 1  # the depth of rules being interpreted
         rule = (_rule_vjp_sets if "vjp" in ctx.eqn.primitive.name else _rule_jvp_sets)(ctx, diff)
     except Exception as exc:  # noqa: BLE001 - a rule JAX cannot trace here: every output reads every input
         warnings.warn(f"the derivative rule of a {ctx.eqn.primitive.name} cannot be traced ({type(exc).__name__}: "
@@ -140,10 +144,14 @@ def custom_derivative(ctx):
                       UnsupportedOpWarning, stacklevel=4)
         rule = conservative(ctx)
     finally:
-        interp.in_rule = False
+        interp.in_rule = outer_rule
     if "vjp" in ctx.eqn.primitive.name and ctx.hessian is not None:
-        for s in rule:  # the rule's pullback is not interpreted at second order: every pair may interact
-            ctx.hessian.add_square(s)
+        # the pullback reads the residuals of its forward pass, in ways its first-order sets do not
+        # show (g * roll(r, 1) with r = x): every pair of the call's inputs may interact
+        warnings.warn(f"the Hessian through a {ctx.eqn.primitive.name} (a custom_vjp or custom_gradient "
+                      "function) is traced conservatively: every pair of its inputs' dependencies is assumed "
+                      "to interact", UnsupportedOpWarning, stacklevel=4)
+        ctx.hessian.add_square(S.union([S.full_row(ctx.sets(i)) for i in diff], 1, ctx.n))
     ctx.out_values = [v.value for v in body] if all(v.known for v in body) else None
     return [S.union([v.sets, r], v.size, ctx.n) if (v.sets is not None or r is not None) else None
             for v, r in zip(body, rule)]

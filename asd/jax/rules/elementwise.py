@@ -107,14 +107,17 @@ register("select_n", select_n, LINEAR, "elementwise")
 
 
 def clamp(ctx):
-    """``clamp(lo, x, hi)``: with known values each element follows ``x`` strictly inside the
-    bounds and the bound it hits otherwise."""
+    """``clamp(lo, x, hi)``, which XLA computes as ``min(max(x, lo), hi)``: with known values each
+    element follows ``x`` strictly inside the bounds and the bound it hits otherwise (``hi`` where
+    ``max(x, lo)`` exceeds it, even with ``lo > hi``); a tie reads both."""
     lo, x, hi = ctx.value(0), ctx.value(1), ctx.value(2)
     if not ctx.local or lo is None or x is None or hi is None:
         return [union_of_operands(ctx)]
     shape = ctx.out_shapes[0]
     lo, x, hi = (np.broadcast_to(v, shape).ravel() for v in (lo, x, hi))
-    choice = np.where(x < lo, 0, np.where(x > hi, 2, np.where((x == lo) | (x == hi), -1, 1)))
+    m = np.maximum(x, lo)
+    inner = np.where(x < lo, 0, np.where(x == lo, -1, 1))  # max(x, lo)
+    choice = np.where(m > hi, 2, np.where(m == hi, -1, inner))
     return [_picked(ctx, choice, [0, 1, 2])]
 
 

@@ -9,11 +9,14 @@ op could read (sound)."""
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ...detection import sets as S
+from ...errors import UnsupportedOpWarning
 from ..table import LINEAR, NONLINEAR, register
 from .movement import ids, stacked, take
 
@@ -63,12 +66,25 @@ def scatter_targets(ctx) -> np.ndarray:
     return (hi * _BASE + lo - 1).ravel()
 
 
+def _plain_update(params) -> bool:
+    """Whether a ``scatter``'s update function is the plain replace (``None`` or ``(x, y) -> y``),
+    not a function of the operand's element (``x.at[i].apply(fn)``)."""
+    uj = params.get("update_jaxpr")
+    if uj is None:
+        return True
+    jaxpr = getattr(uj, "jaxpr", uj)
+    return (not jaxpr.eqns and len(jaxpr.invars) == 2 and len(jaxpr.outvars) == 1
+            and jaxpr.outvars[0] is jaxpr.invars[1])
+
+
 def _scatter(replaces: bool):
     def fn(ctx):
         so, su = ctx.sets(0), ctx.sets(2)
         m = ctx.out_size(0)
         if so is None and su is None:
             return [None]
+        if replaces and not _plain_update(ctx.params):
+            return _scatter_apply(ctx)
         if ctx.value(1) is None:
             return [S.union([so, _any_of(ctx, 2, m)], m, ctx.n)]
         t = scatter_targets(ctx)
@@ -85,6 +101,21 @@ def _scatter(replaces: bool):
         return [S.union(parts, m, ctx.n)]
 
     return fn
+
+
+def _scatter_apply(ctx):
+    """A ``scatter`` whose update function reads the operand's element (``x.at[i].apply(fn)``): the
+    function is not interpreted, so every output element may depend on every input element, at
+    first and second order (sound but dense), with a warning."""
+    from ..interpreter import conservative
+
+    warnings.warn("a scatter with an update function of the operand (x.at[...].apply(fn)) is traced "
+                  "conservatively: every output element is assumed to depend on every input element",
+                  UnsupportedOpWarning, stacklevel=4)
+    out = conservative(ctx)
+    if ctx.hessian is not None and out[0] is not None:
+        ctx.hessian.add_square(S.full_row(out[0]))
+    return out
 
 
 register("scatter", _scatter(True), LINEAR, "indexing")

@@ -25,7 +25,19 @@ def same_order(ctx):
     return [ctx.sets(0)]
 
 
-register(("reshape", "squeeze", "expand_dims"), same_order, LINEAR, "movement")
+register(("squeeze", "expand_dims"), same_order, LINEAR, "movement")
+
+
+def reshape(ctx):
+    """``reshape``; with ``dimensions`` (``jnp.reshape(..., order="F")``) the input is transposed by
+    them first."""
+    dims = ctx.params.get("dimensions")
+    if dims is None or tuple(dims) == tuple(range(len(ctx.ins[0].shape))):
+        return [ctx.sets(0)]
+    return [take(ctx.sets(0), ids(ctx.ins[0].shape).transpose(dims))]
+
+
+register("reshape", reshape, LINEAR, "movement")
 
 
 def broadcast_in_dim(ctx):

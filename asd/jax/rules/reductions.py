@@ -146,7 +146,8 @@ def top_k(ctx):
     if s is None:
         return [None, None]
     shape = ctx.ins[0].shape
-    return [line_union(s, shape, len(shape) - 1, ctx.out_shapes[0]), None]
+    axis = ctx.params.get("axis", -1)  # the last axis before JAX had the parameter
+    return [line_union(s, shape, axis % len(shape), ctx.out_shapes[0]), None]
 
 
 register("top_k", top_k, LINEAR, "reductions")

@@ -4,9 +4,11 @@ A pattern is detected with the arguments given at preparation, and it may depend
 (``if c > 0``, ``torch.where(M > 0, ...)``), not only on the structure the cache's fingerprint
 (:func:`asd.cache.fingerprint`) summarizes. A call whose arguments differ in value from those the
 operator knows to be right is therefore checked by the cross-mode probe; a snapshot records the
-values of a checked call. Numbers are compared by type and bits, dense tensors and numpy arrays by
-content (one comparison per call, the size of the arguments); other tensors (sparse layouts) by
-identity and version count, and every other object is left to the fingerprint.
+values of a checked call. Numbers, dense tensors and numpy arrays are compared by their bits (NaN
+equals itself, -0.0 differs from 0.0; one comparison per call, the size of the arguments); other
+tensors (sparse layouts) by identity and version count; any other object by its ``values=True``
+fingerprint (:func:`asd.cache.fingerprint`: float attributes by value, tensors in it by identity).
+Containers nested deeper than the snapshot walks always count as different.
 """
 
 from __future__ import annotations
@@ -14,54 +16,83 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .cache import fingerprint
+
 __all__ = ["snapshot", "same"]
 
 _MAX_DEPTH = 4
 
 
-class _Other:
-    """A slot whose value the fingerprint, not the snapshot, watches."""
+class _Deep:
+    """A container nested past :data:`_MAX_DEPTH`: never the same (the call is checked)."""
 
 
-_OTHER = _Other()
+_DEEP = _Deep()
 
 
-def snapshot(obj, depth: int = 0):
-    """A private copy of the values in ``obj`` (tuples, lists and dicts walked)."""
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach().reshape(-1)
+    if flat.numel() == 0:
+        return torch.zeros(0, dtype=torch.uint8, device=t.device)
+    return flat.contiguous().view(torch.uint8)
+
+
+def snapshot(obj):
+    """A private copy of the values in ``obj`` (tuples, lists and dicts walked); what cannot be
+    copied is never the same."""
+    try:
+        return _snapshot(obj, 0)
+    except Exception:  # noqa: BLE001 - e.g. a tensor subclass without storage: the call is checked
+        return _DEEP
+
+
+def same(obj, snap) -> bool:
+    """Whether ``obj`` holds the values recorded in ``snap`` (a :func:`snapshot`); ``False`` where
+    they cannot be compared."""
+    try:
+        return _same(obj, snap, 0)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _snapshot(obj, depth: int):
     if isinstance(obj, torch.Tensor):
         if obj.layout == torch.strided:
-            return obj.detach().clone()
+            return ("tensor", tuple(obj.shape), obj.dtype, obj.device, _bytes(obj).clone())
         return ("sparse", id(obj), obj._version)
     if isinstance(obj, np.ndarray):
-        return obj.copy()
+        return ("array", obj.shape, obj.dtype, np.ascontiguousarray(obj).tobytes())
     if isinstance(obj, (bool, int, float, complex)):
         return _number(obj)
-    if depth < _MAX_DEPTH and isinstance(obj, (list, tuple)):
-        return (type(obj), tuple(snapshot(v, depth + 1) for v in obj))
-    if depth < _MAX_DEPTH and isinstance(obj, dict):
-        return ("dict", tuple((k, snapshot(v, depth + 1)) for k, v in obj.items()))
-    return _OTHER
+    if isinstance(obj, (list, tuple, dict)):
+        if depth >= _MAX_DEPTH:
+            return _DEEP
+        if isinstance(obj, dict):
+            return ("dict", tuple((k, _snapshot(v, depth + 1)) for k, v in obj.items()))
+        return (type(obj), tuple(_snapshot(v, depth + 1) for v in obj))
+    return ("object", fingerprint(obj, values=True))
 
 
-def same(obj, snap, depth: int = 0) -> bool:
-    """Whether ``obj`` holds the values recorded in ``snap`` (a :func:`snapshot`)."""
+def _same(obj, snap, depth: int) -> bool:
+    if snap is _DEEP:
+        return False
     if isinstance(obj, torch.Tensor):
         if obj.layout != torch.strided:
             return snap == ("sparse", id(obj), obj._version)
-        return (isinstance(snap, torch.Tensor) and obj.shape == snap.shape and obj.dtype == snap.dtype
-                and obj.device == snap.device and bool(torch.equal(obj.detach(), snap)))
+        return (isinstance(snap, tuple) and len(snap) == 5 and snap[0] == "tensor"
+                and snap[1:4] == (tuple(obj.shape), obj.dtype, obj.device) and bool(torch.equal(_bytes(obj), snap[4])))
     if isinstance(obj, np.ndarray):
-        return (isinstance(snap, np.ndarray) and obj.shape == snap.shape and obj.dtype == snap.dtype
-                and bool(np.array_equal(obj, snap, equal_nan=obj.dtype.kind in "fc")))
+        return (isinstance(snap, tuple) and len(snap) == 4 and snap[0] == "array" and snap[1:3] == (obj.shape, obj.dtype)
+                and np.ascontiguousarray(obj).tobytes() == snap[3])
     if isinstance(obj, (bool, int, float, complex)):
         return snap == _number(obj)
-    if depth < _MAX_DEPTH and isinstance(obj, (list, tuple)):
-        return (isinstance(snap, tuple) and len(snap) == 2 and snap[0] is type(obj) and len(snap[1]) == len(obj)
-                and all(same(v, s, depth + 1) for v, s in zip(obj, snap[1])))
-    if depth < _MAX_DEPTH and isinstance(obj, dict):
+    if isinstance(obj, dict):
         return (isinstance(snap, tuple) and len(snap) == 2 and snap[0] == "dict" and len(snap[1]) == len(obj)
-                and all(k == ks and same(v, s, depth + 1) for (k, v), (ks, s) in zip(obj.items(), snap[1])))
-    return snap is _OTHER
+                and all(k == ks and _same(v, s, depth + 1) for (k, v), (ks, s) in zip(obj.items(), snap[1])))
+    if isinstance(obj, (list, tuple)):
+        return (isinstance(snap, tuple) and len(snap) == 2 and snap[0] is type(obj) and len(snap[1]) == len(obj)
+                and all(_same(v, s, depth + 1) for v, s in zip(obj, snap[1])))
+    return snap == ("object", fingerprint(obj, values=True))
 
 
 def _number(v) -> tuple:

@@ -62,6 +62,10 @@ def _private(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1).clone()
 
 
+#: the text of autograd's refusal of an in-place write into a leaf (or a view of one) that requires grad
+_IN_PLACE_ON_LEAF = "leaf Variable that requires grad is being used in an in-place operation"
+
+
 class _WritesInput(AsdError):
     """Raised inside :meth:`_SparseOperator._evaluate` when ``f`` wrote into its input during an
     evaluation: the products are evaluated again on a copy made inside ``f``'s call."""
@@ -284,17 +288,24 @@ class _SparseOperator:
         both the prepared ones and those of the latest checked call (a pattern may follow a value:
         ``if c > 0``, ``torch.where(M > 0, ...)``), unless ``check=False`` was given."""
         if not args and not kwargs:
-            return self._prepared_args, False
-        pair = (tuple(args), dict(kwargs))
-        if fingerprint(pair) != self._args_fingerprint:
-            return pair, True
+            pair = self._prepared_args
+            # a prepared argument changed in place since (a tensor filled anew) is compared as well
+            if fingerprint(pair) != self._args_fingerprint:
+                return pair, True
+        else:
+            pair = (tuple(args), dict(kwargs))
+            if fingerprint(pair) != self._args_fingerprint:
+                return pair, True
         if self._trust_arg_values:
             return pair, False
         return pair, not any(arg_values.same(pair, snap) for snap in self._checked_args)
 
     def _checked_with(self, pair: tuple) -> None:
-        """Remember the values of arguments a call was checked with (beside the prepared ones)."""
-        if pair is not self._prepared_args:
+        """Remember the values of arguments a call was checked with: the prepared arguments' own
+        (changed in place since) or, beside them, another call's."""
+        if pair is self._prepared_args:
+            self._checked_args[0] = arg_values.snapshot(pair)
+        else:
             self._checked_args[1:] = [arg_values.snapshot(pair)]
 
     def _prepare_pattern(self, detect: Callable, given, conform: Callable) -> None:
@@ -437,7 +448,15 @@ class _SparseOperator:
         """``run`` on a private copy of ``x``; raises :class:`_WritesInput` when ``f`` changed it."""
         xf = _private(x)
         version = xf._version
-        out = run(backend, state, decompressor, xf)
+        try:
+            out = run(backend, state, decompressor, xf)
+        except RuntimeError as exc:
+            # reverse mode and Hessians hand f a leaf that requires grad, whose in-place write autograd
+            # refuses before it happens: the same cure, f on a copy (a write into a parameter of f
+            # that requires grad fails again there, with autograd's own error)
+            if not getattr(self._g, "copies_input", False) and _IN_PLACE_ON_LEAF in str(exc):
+                raise _WritesInput() from exc
+            raise
         if xf._version != version:
             raise _WritesInput()
         return out
@@ -659,6 +678,7 @@ class _SparseOperator:
         new.f = f
         new._guard = ModuleStateGuard(f)
         new._args = _CallArgs(self._prepared_args)  # its own: f is bound to the box, not to the operator
+        new._checked_args = list(self._checked_args)  # what one checks does not vouch for the other
         new._g = new._flat(f)
         new.last_check = None
         new._with_grad = None

@@ -133,3 +133,56 @@ def test_a_float_argument_that_changes_the_structure_is_checked():
     with pytest.raises(asd.CheckError):
         op(x, -M)
     torch.testing.assert_close(op(x, M.clone()).to_dense(), torch.func.jacrev(lambda z: g(z, M))(x))
+
+
+def test_argument_values_nested_or_written_in_place_are_checked():
+    x = torch.randn(N, dtype=torch.float64)
+    deep = asd.prepare_jacobian(lambda z, box: _f_structure_follows_c(z, box[0][0][0][0]), x, args=([[[[0.0]]]],),
+                                mode="forward")
+    with pytest.raises(asd.CheckError):  # past the depth the snapshot walks: checked, not trusted
+        deep(x, [[[[5.0]]]])
+    M = torch.tensor(0.0, dtype=torch.float64)
+    op = asd.prepare_jacobian(lambda z, c: _f_structure_follows_c(z, float(c)), x, args=(M,), mode="forward")
+    M.fill_(5.0)  # the prepared argument itself, changed in place: a call without arguments uses it
+    with pytest.raises(asd.CheckError):
+        op(x)
+
+
+def test_an_unchanged_argument_holding_nan_is_not_probed_again():
+    x = torch.randn(N, dtype=torch.float64)
+    f = lambda z, w: z.sin() * torch.nan_to_num(w) + z.roll(1)  # noqa: E731
+    w = torch.tensor([1.0, float("nan"), 2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, args=(w.clone(),))
+    for _ in range(3):  # other tensor objects with the same bits (a NaN equals itself): nothing to check
+        op(x, w.clone())
+    assert op.last_check is None
+
+
+@pytest.mark.parametrize("start", [0, 5])
+def test_a_reverse_operator_survives_f_starting_to_write_into_its_input(start):
+    """Reverse mode hands f a leaf that requires grad: autograd refuses the write, which reached the
+    user as f's own error once the operator had settled."""
+    writes = {"on": False}
+
+    def f(z):
+        if writes["on"]:
+            z.mul_(2.0)
+        return z.sin() * z.roll(1)
+    x = torch.randn(N, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, mode="reverse")
+    for i in range(8):
+        writes["on"] = i >= start
+        x = torch.randn(N, dtype=torch.float64)
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(lambda z: f(z.clone()))(x))
+
+
+@pytest.mark.parametrize("hvp", ["auto", "forward_over_reverse", "reverse_over_forward"])
+def test_a_hessian_of_a_function_writing_into_its_input(hvp):
+    def f(z):
+        z.mul_(2.0)
+        return (z.sin() * z.roll(1)).sum()
+    x = torch.randn(N, dtype=torch.float64)
+    op = asd.prepare_hessian(f, x, hvp=hvp)
+    for _ in range(3):
+        x = torch.randn(N, dtype=torch.float64)
+        torch.testing.assert_close(op(x).to_dense(), torch.func.hessian(lambda z: f(z.clone()))(x))

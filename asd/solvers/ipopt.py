@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..checks import checks_forced
 from ..errors import InputError
 from ..operators import SparseHessian, SparseJacobian
 
@@ -74,6 +75,9 @@ class IpoptProblem:
 
         # the structure of the Lagrangian: every multiplier structurally nonzero
         self.hess = SparseHessian(lagrangian, x0, args=(1.0, torch.ones(self.m, dtype=torch.float64)), **hess_opts)
+        # the multipliers enter linearly, by the construction above: their values never change the
+        # pattern, so the calls with IPOPT's multipliers need no probe for them
+        self.hess._trust_arg_values = not checks_forced()
         P = self.hess.coloring.pattern
         lower = np.nonzero(P.rows >= P.indices)[0]  # IPOPT wants the lower triangle
         self._lower = torch.from_numpy(lower)

@@ -289,6 +289,8 @@ class _SparseOperator:
         ``if c > 0``, ``torch.where(M > 0, ...)``), unless ``check=False`` was given."""
         if not args and not kwargs:
             pair = self._prepared_args
+            if not pair[0] and not pair[1]:
+                return pair, False
             # a prepared argument changed in place since (a tensor filled anew) is compared as well
             if fingerprint(pair) != self._args_fingerprint:
                 return pair, True

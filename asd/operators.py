@@ -66,6 +66,9 @@ def _private(x: torch.Tensor) -> torch.Tensor:
 _IN_PLACE_ON_LEAF = "leaf Variable that requires grad is being used in an in-place operation"
 
 
+_WRITES_ANYWAY = "asd: f changed its input although it was given a copy of it; this operator cannot evaluate it"
+
+
 class _WritesInput(AsdError):
     """Raised inside :meth:`_SparseOperator._evaluate` when ``f`` wrote into its input during an
     evaluation: the products are evaluated again on a copy made inside ``f``'s call."""
@@ -432,10 +435,12 @@ class _SparseOperator:
                 return self._evaluate_once(run, x, call_args)
             except _WritesInput:
                 if getattr(self._g, "copies_input", False):
-                    raise AsdError("asd: f changed its input although it was given a copy of it; this "
-                                   "operator cannot evaluate it") from None
+                    raise AsdError(_WRITES_ANYWAY) from None
                 self._copy_input()
+            try:
                 return self._evaluate_once(run, x, call_args)
+            except _WritesInput:
+                raise AsdError(_WRITES_ANYWAY) from None
 
     def _copy_input(self) -> None:
         """Evaluate ``f`` on a copy of its input from now on (see :meth:`_evaluate`): every state

@@ -328,3 +328,23 @@ def test_known_ad_gaps_are_avoided_or_refused():
                 asd.distributed.prepare_jacobian(f, x)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_function_writing_into_its_input_in_a_process_group():
+    """As in one process: its writes reached the forward-mode seed rows, wrong from the second call."""
+    _init(0, 1, _rendezvous())
+    try:
+        def f(z):
+            z.mul_(2.0)
+            return z.sin() * z.roll(1)
+        x = torch.randn(6, dtype=torch.float64)
+        for mode in ("forward", "reverse"):
+            op = asd.distributed.prepare_jacobian(f, x, mode=mode)
+            for _ in range(4):
+                x = torch.randn(6, dtype=torch.float64)
+                keep = x.clone()
+                J = op(x).to_dense()
+                assert torch.equal(x, keep)
+                torch.testing.assert_close(J, torch.func.jacrev(lambda z: f(z.clone()))(x))
+    finally:
+        dist.destroy_process_group()

@@ -35,7 +35,8 @@ from ..detection.jacobian import check_input
 from ..errors import ADGapWarning, AsdError, InputError
 from ..guards import ModuleStateGuard
 from ..memory import auto_batch_size
-from ..operators import EVAL_LOCK, HVP_MODES, SparseHessian, SparseJacobian, _check_call_input, check_context
+from ..operators import (_IN_PLACE_ON_LEAF, _WRITES_ANYWAY, EVAL_LOCK, HVP_MODES, SparseHessian, SparseJacobian,
+                         _check_call_input, _copying_input, check_context)
 from ..options import check_batch_size, check_choice, check_compile
 from ..patterns import SparsityPattern
 from . import layout
@@ -256,6 +257,8 @@ class DistributedOperator:
             batch_size = auto_batch_size(b - a, n, m, x.element_size(), x.device)
         self.batch_size = batch_size
         self._products = self._share_products(g, x, a, b, batch_size, compile)
+        self._remake = lambda g: self._share_products(g, x, a, b, batch_size, compile)
+        self._g = g
         rb = layout.row_bounds(coloring.shape[0], world)
         self.row_range = (int(rb[rank]), int(rb[rank + 1]))
         self.decompressor = Decompressor(coloring, x.device)
@@ -309,6 +312,29 @@ class DistributedOperator:
         """Number of products this rank evaluates."""
         return self.color_range[1] - self.color_range[0]
 
+    def _local_products(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's products at a private copy of ``x``. A function that writes into its input
+        (every rank runs the same ``f`` at the same ``x``, so every rank sees it) is called on a
+        copy made inside the call from then on, with new seed rows, as in
+        :meth:`asd.SparseJacobian._evaluate`."""
+        for attempt in range(2):
+            xf = x.detach().reshape(-1).clone()
+            version = xf._version
+            copies = getattr(self._g, "copies_input", False)
+            try:
+                out = self._local(xf)
+            except RuntimeError as exc:
+                if copies or _IN_PLACE_ON_LEAF not in str(exc):
+                    raise
+                out = None
+            if out is not None and xf._version == version:
+                return out
+            if copies:
+                raise AsdError(_WRITES_ANYWAY)
+            self._g = _copying_input(self._g)
+            self._products = self._remake(self._g)
+        raise AsdError(_WRITES_ANYWAY)
+
     def _local(self, xf: torch.Tensor) -> torch.Tensor:
         parts = [p(xf) for p in self._products]
         if not parts:
@@ -327,7 +353,7 @@ class DistributedOperator:
         with EVAL_LOCK, self._guard.protect():
             self._call_args = (tuple(args), dict(kwargs)) if args or kwargs else self._prepared_args
             try:
-                local = self._local(x.detach().reshape(-1).clone())
+                local = self._local_products(x)
             except Exception as exc:  # noqa: BLE001 - raised after the exchange, so no rank waits forever
                 failure = exc
                 local = x.new_zeros(self._shares.size(self.rank))

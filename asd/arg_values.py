@@ -6,9 +6,10 @@ A pattern is detected with the arguments given at preparation, and it may depend
 operator knows to be right is therefore checked by the cross-mode probe; a snapshot records the
 values of a checked call. Numbers, dense tensors and numpy arrays are compared by their bits (NaN
 equals itself, -0.0 differs from 0.0; one comparison per call, the size of the arguments); other
-tensors (sparse layouts) by identity and version count; any other object by its ``values=True``
-fingerprint (:func:`asd.cache.fingerprint`: float attributes by value, tensors in it by identity).
-Containers nested deeper than the snapshot walks always count as different.
+tensors (sparse layouts) by the bits of their COO indices and values; any other object by its
+``values=True`` fingerprint (:func:`asd.cache.fingerprint`: float attributes by value, tensors in it
+by identity, so the operator keeps the arguments of a snapshot alive). Containers nested deeper than
+the snapshot walks always count as different.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _snapshot(obj, depth: int):
     if isinstance(obj, torch.Tensor):
         if obj.layout == torch.strided:
             return ("tensor", tuple(obj.shape), obj.dtype, obj.device, _bytes(obj).clone())
-        return ("sparse", id(obj), obj._version)
+        return _sparse(obj)
     if isinstance(obj, np.ndarray):
         return ("array", obj.shape, obj.dtype, np.ascontiguousarray(obj).tobytes())
     if isinstance(obj, (bool, int, float, complex)):
@@ -78,7 +79,9 @@ def _same(obj, snap, depth: int) -> bool:
         return False
     if isinstance(obj, torch.Tensor):
         if obj.layout != torch.strided:
-            return snap == ("sparse", id(obj), obj._version)
+            fresh = _sparse(obj)
+            return (isinstance(snap, tuple) and len(snap) == 6 and snap[:4] == fresh[:4]
+                    and all(torch.equal(a, b) for a, b in zip(snap[4:], fresh[4:])))
         return (isinstance(snap, tuple) and len(snap) == 5 and snap[0] == "tensor"
                 and snap[1:4] == (tuple(obj.shape), obj.dtype, obj.device) and bool(torch.equal(_bytes(obj), snap[4])))
     if isinstance(obj, np.ndarray):
@@ -93,6 +96,13 @@ def _same(obj, snap, depth: int) -> bool:
         return (isinstance(snap, tuple) and len(snap) == 2 and snap[0] is type(obj) and len(snap[1]) == len(obj)
                 and all(_same(v, s, depth + 1) for v, s in zip(obj, snap[1])))
     return snap == ("object", fingerprint(obj, values=True))
+
+
+def _sparse(t: torch.Tensor) -> tuple:
+    """A sparse tensor by layout, shape, dtype and the bits of its COO indices and values (in the
+    stored order)."""
+    coo = t.detach().to_sparse_coo() if t.layout != torch.sparse_coo else t.detach()
+    return ("sparse", t.layout, tuple(t.shape), t.dtype, _bytes(coo._indices()).clone(), _bytes(coo._values()).clone())
 
 
 def _number(v) -> tuple:

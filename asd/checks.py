@@ -141,10 +141,12 @@ def _csr_times(decompressor, vals: torch.Tensor, v: torch.Tensor) -> tuple[torch
 def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generator | None = None) -> CheckReport:
     """Check ``values`` (the operator's CSR values at ``x``) with one product of the other mode."""
     coloring = op.coloring
-    g0: Callable = op._g
+    g: Callable = op._g
+    if not getattr(g, "copies_input", False):
+        # on a copy: a function that writes into its input must change neither x nor the next product's point
+        from .operators import _copying_input
 
-    def g(z):  # on a copy: a function that writes into its input must change neither x nor the next product's point
-        return g0(z.clone())
+        g = _copying_input(g)
     xf = x.detach().reshape(-1)
     if xf.device.type == "meta":
         return CheckReport(True, 0.0, 0.0, 0.0, "nothing to compare on the meta device (no values)")

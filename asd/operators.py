@@ -74,6 +74,24 @@ class _WritesInput(AsdError):
     evaluation: the products are evaluated again on a copy made inside ``f``'s call."""
 
 
+def run_on_copy(run: Callable, x: torch.Tensor, copies: bool):
+    """``run(xf)`` on a private flat copy ``xf`` of ``x``; raises :class:`_WritesInput` where ``f``
+    wrote into it (its version count moved) or autograd refused such a write into the leaf it was
+    handed (reverse mode, Hessians), unless ``f`` is called on a copy already (``copies``: then a
+    refusal is ``f``'s own, a write into a parameter that requires grad)."""
+    xf = _private(x)
+    version = xf._version
+    try:
+        out = run(xf)
+    except RuntimeError as exc:
+        if not copies and _IN_PLACE_ON_LEAF in str(exc):
+            raise _WritesInput() from exc
+        raise
+    if xf._version != version:
+        raise _WritesInput()
+    return out
+
+
 def _copying_input(g: Callable) -> Callable:
     """``g`` called on a copy of its argument. Under ``jvp`` the copy is a new dual tensor: a
     function that writes into its input then writes into the copy's tangent, not into the
@@ -266,8 +284,9 @@ class _SparseOperator:
         self._args_fingerprint = fingerprint(self._prepared_args)
         self._args = _CallArgs(self._prepared_args)
         # the values of the extra arguments known to be right: the prepared ones, and those of the
-        # latest call the probe checked (see _call_with)
-        self._checked_args = [arg_values.snapshot(self._prepared_args)]
+        # latest call the probe checked (see _call_with), each with the arguments themselves (kept
+        # alive: a snapshot of an object names it by identity)
+        self._checked_args = [(self._prepared_args, arg_values.snapshot(self._prepared_args))]
         self._trust_arg_values = False
 
     @property
@@ -303,15 +322,15 @@ class _SparseOperator:
                 return pair, True
         if self._trust_arg_values:
             return pair, False
-        return pair, not any(arg_values.same(pair, snap) for snap in self._checked_args)
+        return pair, not any(arg_values.same(pair, snap) for _, snap in self._checked_args)
 
     def _checked_with(self, pair: tuple) -> None:
         """Remember the values of arguments a call was checked with: the prepared arguments' own
         (changed in place since) or, beside them, another call's."""
         if pair is self._prepared_args:
-            self._checked_args[0] = arg_values.snapshot(pair)
+            self._checked_args[0] = (pair, arg_values.snapshot(pair))
         else:
-            self._checked_args[1:] = [arg_values.snapshot(pair)]
+            self._checked_args[1:] = [(pair, arg_values.snapshot(pair))]
 
     def _prepare_pattern(self, detect: Callable, given, conform: Callable) -> None:
         """``self.pattern``: detected (``detect()`` returns the pattern and the trace's
@@ -452,21 +471,9 @@ class _SparseOperator:
         self._with_grad = None
 
     def _run_private(self, run: Callable, backend, state, decompressor, x: torch.Tensor):
-        """``run`` on a private copy of ``x``; raises :class:`_WritesInput` when ``f`` changed it."""
-        xf = _private(x)
-        version = xf._version
-        try:
-            out = run(backend, state, decompressor, xf)
-        except RuntimeError as exc:
-            # reverse mode and Hessians hand f a leaf that requires grad, whose in-place write autograd
-            # refuses before it happens: the same cure, f on a copy (a write into a parameter of f
-            # that requires grad fails again there, with autograd's own error)
-            if not getattr(self._g, "copies_input", False) and _IN_PLACE_ON_LEAF in str(exc):
-                raise _WritesInput() from exc
-            raise
-        if xf._version != version:
-            raise _WritesInput()
-        return out
+        """``run`` on a private copy of ``x`` (:func:`run_on_copy`)."""
+        return run_on_copy(lambda xf: run(backend, state, decompressor, xf), x,
+                           getattr(self._g, "copies_input", False))
 
     def _evaluate_once(self, run: Callable, x: torch.Tensor, call_args=None):
         with self._guard.protect():

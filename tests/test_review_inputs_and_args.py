@@ -186,3 +186,19 @@ def test_a_hessian_of_a_function_writing_into_its_input(hvp):
     for _ in range(3):
         x = torch.randn(N, dtype=torch.float64)
         torch.testing.assert_close(op(x).to_dense(), torch.func.hessian(lambda z: f(z.clone()))(x))
+
+
+def test_a_sparse_argument_is_compared_by_content():
+    """A sparse argument was compared by identity and version count: another object (which may take
+    a freed one's id) with other values went unchecked."""
+    x = torch.randn(N, dtype=torch.float64)
+    f = lambda z, A: torch.where(A.to_dense().diagonal() > 0, z.sin(), z.roll(1) ** 2)  # noqa: E731
+    A = torch.eye(N, dtype=torch.float64).to_sparse()  # COO (a CSR argument is probed at every call)
+    op = asd.prepare_jacobian(f, x, args=(A,))
+    op(x, A)  # the prepared argument itself, unchanged: nothing to check
+    assert op.last_check is None
+    with pytest.raises(asd.CheckError):
+        op(x, (-torch.eye(N, dtype=torch.float64)).to_sparse())
+    A.mul_(-1.0)  # the prepared argument itself, changed in place: a call without arguments uses it
+    with pytest.raises(asd.CheckError):
+        op(x)

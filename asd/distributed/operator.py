@@ -35,8 +35,8 @@ from ..detection.jacobian import check_input
 from ..errors import ADGapWarning, AsdError, InputError
 from ..guards import ModuleStateGuard
 from ..memory import auto_batch_size
-from ..operators import (_IN_PLACE_ON_LEAF, _WRITES_ANYWAY, EVAL_LOCK, HVP_MODES, SparseHessian, SparseJacobian,
-                         _check_call_input, _copying_input, check_context)
+from ..operators import (_WRITES_ANYWAY, EVAL_LOCK, HVP_MODES, SparseHessian, SparseJacobian, _check_call_input,
+                         _copying_input, _WritesInput, check_context, run_on_copy)
 from ..options import check_batch_size, check_choice, check_compile
 from ..patterns import SparsityPattern
 from . import layout
@@ -256,8 +256,8 @@ class DistributedOperator:
             m, n = coloring.shape
             batch_size = auto_batch_size(b - a, n, m, x.element_size(), x.device)
         self.batch_size = batch_size
-        self._products = self._share_products(g, x, a, b, batch_size, compile)
-        self._remake = lambda g: self._share_products(g, x, a, b, batch_size, compile)
+        self._share = (x, a, b, batch_size, compile)  # what the products are made of, for _local_products
+        self._products = self._share_products(g, *self._share)
         self._g = g
         rb = layout.row_bounds(coloring.shape[0], world)
         self.row_range = (int(rb[rank]), int(rb[rank + 1]))
@@ -317,23 +317,17 @@ class DistributedOperator:
         (every rank runs the same ``f`` at the same ``x``, so every rank sees it) is called on a
         copy made inside the call from then on, with new seed rows, as in
         :meth:`asd.SparseJacobian._evaluate`."""
-        for attempt in range(2):
-            xf = x.detach().reshape(-1).clone()
-            version = xf._version
-            copies = getattr(self._g, "copies_input", False)
-            try:
-                out = self._local(xf)
-            except RuntimeError as exc:
-                if copies or _IN_PLACE_ON_LEAF not in str(exc):
-                    raise
-                out = None
-            if out is not None and xf._version == version:
-                return out
-            if copies:
-                raise AsdError(_WRITES_ANYWAY)
-            self._g = _copying_input(self._g)
-            self._products = self._remake(self._g)
-        raise AsdError(_WRITES_ANYWAY)
+        try:
+            return run_on_copy(self._local, x, getattr(self._g, "copies_input", False))
+        except _WritesInput:
+            if getattr(self._g, "copies_input", False):
+                raise AsdError(_WRITES_ANYWAY) from None
+        self._g = _copying_input(self._g)
+        self._products = self._share_products(self._g, *self._share)
+        try:
+            return run_on_copy(self._local, x, True)
+        except _WritesInput:
+            raise AsdError(_WRITES_ANYWAY) from None
 
     def _local(self, xf: torch.Tensor) -> torch.Tensor:
         parts = [p(xf) for p in self._products]

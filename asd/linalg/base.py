@@ -30,7 +30,7 @@ import torch
 from asd.errors import ConvergenceWarning, InputError
 from asd.linalg import _kernels as K
 from asd.linalg._device import all_finite, is_meta
-from asd.linalg._sparse import (Pattern, check_dense, check_dtypes, from_columns, to_columns,
+from asd.linalg._sparse import (Pattern, _raw_values, check_dense, check_dtypes, from_columns, to_columns,
                                 values_of)
 from asd.linalg.products import _SDDMM, _SpMM
 
@@ -130,8 +130,7 @@ class SolverState:
 def _stored_values(A: torch.Tensor) -> torch.Tensor:
     """A's own stored values as they are now (an uncoalesced COO matrix's duplicates included),
     detached: what an in-place update of A (an optimizer step) changes."""
-    A = A.detach()
-    return A.values() if A.layout == torch.sparse_csr else A._values()
+    return _raw_values(A.detach())
 
 
 def check_count(value, name: str, *, allow_none: bool = False) -> None:

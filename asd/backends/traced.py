@@ -38,8 +38,40 @@ class _NoPythonNumbers(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default:
             raise RuntimeError("f reads a tensor's value as a Python number (.item(), float()): a recorded graph "
                                "would keep that number")
+        if func in _DATA_SHAPED and _data_shaped(func, args, kwargs or {}):
+            # also on a constant of f's: the count read from the result's shape would be kept
+            raise RuntimeError(f"f calls {func}, whose output shape follows tensor values: a recorded graph "
+                               "would keep that shape while the values change")
         return func(*args, **(kwargs or {}))
 
+
+#: ops whose output shape (or a size read from it) follows the values of their tensor arguments
+_DATA_SHAPED = frozenset(getattr(packet, o) for packet in (
+    torch.ops.aten.nonzero, torch.ops.aten.masked_select, torch.ops.aten._unique, torch.ops.aten._unique2,
+    torch.ops.aten.unique_dim, torch.ops.aten.unique_consecutive, torch.ops.aten.bincount,
+    torch.ops.aten.repeat_interleave, torch.ops.aten.one_hot, torch.ops.aten.index)
+    for o in packet.overloads())
+
+
+def _data_shaped(func, args, kwargs) -> bool:
+    """Whether this call of an op of :data:`_DATA_SHAPED` takes its output shape from values:
+    indexing only with a boolean mask, ``one_hot`` only without ``num_classes``, ``repeat_interleave``
+    only with tensor repeats."""
+    packet = func.overloadpacket
+    if packet is torch.ops.aten.index:
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
+    if packet is torch.ops.aten.one_hot:
+        classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+        return classes == -1
+    if packet is torch.ops.aten.repeat_interleave:
+        repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+        return isinstance(repeats, torch.Tensor) or (len(args) == 1 and "repeats" not in kwargs)
+    return True
+
+
+#: the descriptors of ``Tensor.grad`` (their ``__get__`` is what a torch function mode sees)
+_GRAD_ATTRIBUTES = tuple(d for d in (torch._C.TensorBase.__dict__.get(n) for n in ("grad", "_grad")) if d is not None)
 
 _HOST_READS = frozenset(getattr(cls, n) for cls in (torch.Tensor, torch._C.TensorBase)
                         for n in ("tolist", "numpy", "__array__", "data_ptr", "untyped_storage", "storage")
@@ -54,6 +86,9 @@ class _NoHostReads(TorchFunctionMode):
         if func in _HOST_READS:
             raise RuntimeError(f"f reads a tensor's memory outside PyTorch's operations ({getattr(func, '__name__', func)}): "
                                "a recorded graph would keep those values")
+        if getattr(func, "__self__", None) in _GRAD_ATTRIBUTES:
+            raise RuntimeError("f reads a tensor's .grad: a recorded graph would keep that tensor after a "
+                               "backward pass (or zero_grad) replaces it")
         return func(*args, **(kwargs or {}))
 
 
@@ -63,6 +98,37 @@ class _NoHostReads(TorchFunctionMode):
 CALLS_BEFORE_TRACING = 50
 #: fingerprint changes after which the operator stops tracing
 MAX_MISSES = 2
+
+
+def _outside_graphs(x: torch.Tensor) -> bool:
+    """Whether this call runs without recorded graphs: under autocast (its casts would be recorded
+    and then replayed outside it; ``asd.operators.check_context`` warns there) or with a global
+    module hook registered (``torch.nn.modules.module.register_module_forward_hook``: what it does
+    is not part of the graph's guard)."""
+    if torch.is_autocast_enabled("cpu") or (x.device.type != "cpu" and torch.is_autocast_enabled(x.device.type)):
+        return True
+    return any(_GLOBAL_MODULE_HOOKS)
+
+
+#: the global hook dicts of ``torch.nn.Module`` (each non-empty while a global hook is registered)
+_GLOBAL_MODULE_HOOKS = tuple(
+    d for d in (getattr(torch.nn.modules.module, n, None) for n in (
+        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks",
+        "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called"))
+    if isinstance(d, dict))
+
+
+def _rng_state(x: torch.Tensor) -> tuple:
+    """The random-number state ``f``'s random ops draw from on ``x``'s device (and the CPU's)."""
+    cuda = torch.cuda.get_rng_state(x.device) if x.device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(x: torch.Tensor, state: tuple) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, x.device)
 
 
 def _reason(exc: BaseException) -> str:
@@ -168,6 +234,8 @@ class Tracing:
         """The products through the recorded graph, or ``None`` (evaluate ``fn`` itself)."""
         if self.disabled:
             return None
+        if _outside_graphs(x):
+            return None
         self.calls += 1
         try:
             stamp, complete = self.guard()
@@ -207,6 +275,7 @@ class Tracing:
             from .replay import eager_replay
 
             recorded = False
+            rng = _rng_state(x)
             try:
                 graph = self._record(make_fx, fn, x, seeds)
                 recorded = True  # a failure from here on is asd's or the compiler's, not f's
@@ -223,6 +292,8 @@ class Tracing:
                 else:
                     graph = self.replay = eager_replay(graph, x, seeds, constant_seeds=self.constant_seeds,
                                                        owned=self.owned)
+                # the draws of f's random ops at this call: those an evaluation without recording makes
+                _set_rng_state(x, rng)
                 out = graph(x, seeds)
             except Exception as exc:  # noqa: BLE001 - not traceable: keep the transforms
                 self.error = _reason(exc)

@@ -185,9 +185,16 @@ class _Scalar:
             g = lambda v: self.ad.of_variable(v, *others).reshape(())  # noqa: E731
             grad, value = torch.func.grad_and_value(g)(x)
             self._vg = (key, float(value), grad.detach().reshape(-1).cpu().numpy())
-        return self._vg[1], self._vg[2]
+        # a copy: a caller (or an optimizer) that edits the array it was handed must not change
+        # what a later call at the same point returns
+        return self._vg[1], self._vg[2].copy()
 
     def hessian(self, *call_args) -> sp.csr_array:
+        """The Hessian at ``call_args``, a matrix of the caller's own (see :meth:`value_and_grad`)."""
+        return self.kept_hessian(*call_args).copy()
+
+    def kept_hessian(self, *call_args) -> sp.csr_array:
+        """The Hessian at ``call_args`` as kept for the next call: for products only, never handed out."""
         key, x, others = self._at(call_args)
         if key is None or self._hess is None or self._hess[0] != key:
             self._hess = (key, csr(self.op, self.op.values(x, *others)))
@@ -218,6 +225,6 @@ def hessp(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.flo
             raise TypeError("hessp is called as hessp(x, p, *args)")
         rest = call_args[:argnum] + call_args[argnum + 2:]
         z, p = call_args[argnum], call_args[argnum + 1]
-        H = s.hessian(*(rest[:argnum] + (z,) + rest[argnum:]))
+        H = s.kept_hessian(*(rest[:argnum] + (z,) + rest[argnum:]))
         return H @ np.asarray(p, dtype=float).reshape(-1)
     return product

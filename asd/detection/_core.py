@@ -35,6 +35,7 @@ class TracerLike(Protocol):
 
     n: int
     local: bool
+    drops_vanishing: bool
 
     def dispatch(self, func, args, kwargs): ...
 
@@ -314,6 +315,13 @@ class Call:
             s = t.sets
             return s if s.nnz else None
         return None
+
+    def constant(self, t) -> bool:
+        """Whether ``t`` depends on no input here, as reverse mode sees it: no index sets (a plain
+        tensor, a number, a detached value). A rule may then use ``t``'s values at the point as
+        those of a constant (a zero factor cuts the other operand's sets). A value whose sets a
+        rule is made not to see (:class:`asd.detection.hessian.MaskedCall`) is not constant."""
+        return Call.sets(self, t) is None
 
     def set_parts(self, t) -> tuple:
         """Non-empty set matrices whose row-wise union is :meth:`sets` of ``t`` (none where that is

@@ -19,8 +19,13 @@ time):
 
 Every rule's result is sound, so ``H`` is: a true nonzero of the Hessian is a product of first-order
 dependencies met at some nonlinear op. At the end ``H`` is symmetrized and restricted to the inputs
-the output depends on at all (a row of the Hessian vanishes where the gradient does), which removes
-the contributions of dead code.
+the output depends on at all (a row of the Hessian vanishes where the gradient does around the
+point), which removes the contributions of dead code.
+
+Traced locally, the first-order sets drop only what is absent around the point (``relu`` below its
+kink, a constant zero factor), not what merely vanishes at it (``x0 * x1`` at ``x1 = 0``: a zero
+first, a nonzero second derivative; see ``Tracer.drops_vanishing``), and the rule of an op run
+through one argument alone does not take the others for constants (``Call.constant``).
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ def _carries_sets(t) -> bool:
 class HessianTracer(Tracer):
     """A :class:`Tracer` that also accumulates the second-order pattern of the traced function
     (a :class:`asd.detection.second_order.SecondOrder`)."""
+
+    drops_vanishing = False
 
     def __init__(self, n: int, *, local: bool, strict: bool = False, device=None):
         super().__init__(n, local=local, strict=strict, device=device)

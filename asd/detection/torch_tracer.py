@@ -667,6 +667,14 @@ class Tracer:
         The device traced tensors report (the user's input device).
     """
 
+    #: under local tracing, rules may drop a dependency whose derivative vanishes at the point
+    #: without vanishing around it (an element of a product whose other factor is zero there): the
+    #: sets are then the first derivatives' nonzeros at the point. A second derivative need not
+    #: vanish there (``x0 * x1`` at ``x1 = 0``), so the Hessian tracer keeps such dependencies;
+    #: a dependency that is absent around the point (``relu`` below its kink, a constant zero factor)
+    #: is dropped by both
+    drops_vanishing: bool = True
+
     def __init__(self, n: int, *, local: bool, strict: bool = False, device=None):
         self.n = n
         self.local = local

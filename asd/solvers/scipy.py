@@ -92,11 +92,11 @@ def minimize(fun: Callable, x0, *, method: str = "trust-constr", **kwargs) -> so
     if name in SPARSE_HESS_METHODS:
         kwargs.setdefault("hess", s.hessian)
     elif name in HESSP_METHODS:
-        kwargs.setdefault("hessp", lambda z, p, *a: s.hessian(z, *a) @ np.asarray(p, dtype=float))
+        kwargs.setdefault("hessp", lambda z, p, *a: s.kept_hessian(z, *a) @ np.asarray(p, dtype=float))
     elif name in DENSE_HESS_METHODS:
         if n > MAX_DENSE_HESSIAN:
             raise InputError(f"method={method!r} factorizes a dense Hessian, impractical for n={n}; use "
                              "'trust-krylov' (Hessian-vector products) or 'trust-constr' (sparse Hessian)")
-        kwargs.setdefault("hess", lambda z, *a: s.hessian(z, *a).toarray())
+        kwargs.setdefault("hess", lambda z, *a: s.kept_hessian(z, *a).toarray())
     return so.minimize(lambda z, *a: s.value_and_grad(z, *a)[0], x0.reshape(-1).numpy(), method=method,
                        jac=lambda z, *a: s.value_and_grad(z, *a)[1], **kwargs)

@@ -57,7 +57,7 @@ def local_structure(call: Call, t) -> sp.csr_matrix | None:
     """The pattern of ``t`` for a product: :func:`structure`, or, traced locally, the nonzeros of a
     dense 2-D constant's values (``None``: full)."""
     mask = structure(t)
-    if mask is not None or not call.local or not isinstance(t, torch.Tensor) or call.sets(t) is not None:
+    if mask is not None or not call.local or not isinstance(t, torch.Tensor) or not call.constant(t):
         return mask
     values = t.primal if isinstance(t, TracedTensor) else t
     if values.dim() != 2 or values.is_meta or values.layout != torch.strided:

@@ -480,7 +480,7 @@ def _sampled_pixels(call: Call, x, grid, out):
     Pn = out.numel() // max(N * C, 1)
     E = x.numel() // max(N * C, 1)
     g = grid.primal if isinstance(grid, TracedTensor) else grid
-    if not call.local or g.is_meta or call.sets(grid) is not None or N * E * max(E, Pn) > PROBE_MAX:
+    if not call.local or g.is_meta or not call.constant(grid) or N * E * max(E, Pn) > PROBE_MAX:
         u, _ = slice_union(call, x, list(range(2, x.dim())))  # the grid's points are unknown
         return S.take_rows(u, np.repeat(np.arange(N * C), Pn))
     probe = torch.eye(E, dtype=torch.float64).reshape((1, E) + tuple(x.shape[2:])).expand((N, E) + tuple(x.shape[2:]))

@@ -217,7 +217,7 @@ def _structural_nonzeros(call: Call, B) -> np.ndarray:
     (``torch.eye``'s off-diagonal is not). Globally every constant entry may be nonzero: a
     pattern must not depend on float values, which a prepared operator lets change between calls."""
     shape = tuple(B.shape[-2:])
-    s = call.sets(B)
+    s = Call.sets(call, B)  # the entries that depend on the input, also where a rule is made not to see them
     nz = np.zeros(B.numel(), dtype=bool) if s is None else np.diff(s.indptr) > 0
     p = B.primal if isinstance(B, TracedTensor) else B
     nz |= True if (p.is_meta or not call.local) else (p.detach().cpu() != 0).reshape(-1).numpy()

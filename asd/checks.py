@@ -13,11 +13,12 @@ large ones is checked as well, down to about 10^-9 of the largest (float64); an 
 largest of its own row is within that row's rounding and can be wrong unnoticed.
 
 The probe's own product avoids the AD modes the trace ruled out (``op.unsafe``, see
-:mod:`asd.detection.ad_gaps`), and one that is not finite where the values are is passed over for
-the next: a probe must not raise for a formula PyTorch gets wrong. A derivative that is zero to
-working precision (its products are rounding residue) is judged against the function's own scale
-(:func:`_floor`): ``eps ** 0.75`` times the size of ``f(x)`` over that of ``x`` (squared for
-Hessians), computed only when the relative test fails.
+:mod:`asd.detection.ad_gaps`), and one that is not finite where the values are is judged on its
+finite entries only, and passed over for the next where they agree: a probe must not raise for a
+formula PyTorch gets wrong, nor pass values that lack a NaN derivative the pattern left out. A
+derivative that is zero to working precision (its products are rounding residue) is judged against
+the function's own scale (:func:`_floor`): ``eps ** 0.75`` times the size of ``f(x)`` over that of
+``x`` (squared for Hessians), computed only when the relative test fails.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def _csr_times(decompressor, vals: torch.Tensor, v: torch.Tensor) -> tuple[torch
     A = decompressor.csr(vals)
 
     def scale() -> torch.Tensor:
-        return torch.sparse_csr_tensor(A.crow_indices(), A.col_indices(), vals.abs(), A.shape) @ v.abs()
+        return decompressor.csr(vals.abs()) @ v.abs()
     return A @ v, scale
 
 
@@ -201,6 +202,7 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
     tol = _tolerance(dt)
     row_floor = float(torch.finfo(dt).eps) ** ROW_FLOOR_POWER
     ref = what = got = scale = None
+    finite = None  # the entries compared, where a product is not finite everywhere
     for name in order:
         which, product = others[name]
         try:
@@ -216,13 +218,22 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
         if verdict.ok:
             return CheckReport(True, verdict.error, verdict.scale, tol, name)
         if not torch.isfinite(candidate).all() and torch.isfinite(mine).all():
-            continue  # PyTorch's formula fails where the values are finite: not evidence
+            # PyTorch's formula may fail where the values are finite (not evidence), or the values
+            # miss a NaN or infinite derivative (a stale pattern): the finite entries decide
+            keep = torch.isfinite(candidate)
+            if not keep.any() or _rows_agree(mine[keep], candidate[keep], candidate[keep].abs(), tol, row_floor).ok:
+                continue
+            finite = keep
         ref, what, got, scale = candidate, name, mine, mine_scale
         break
     if ref is None:
         return CheckReport(True, 0.0, 0.0, tol, "no independent product available")
     full = scale()
+    if finite is not None:
+        got, ref, full = got[finite], ref[finite], (full[finite] if full.numel() else full)
     verdict = _rows_agree(got, ref, torch.maximum(full, ref.abs()) if full.numel() else ref.abs(), tol, row_floor)
+    if verdict.row is not None and finite is not None:
+        verdict = _Verdict(verdict.ok, verdict.error, verdict.scale, int(torch.nonzero(finite).reshape(-1)[verdict.row]))
     ok = verdict.ok
     if not ok and verdict.error == verdict.error:  # a derivative at rounding level: judge it at the function's scale
         hessian = isinstance(coloring, (StarColoring, AcyclicColoring))

@@ -103,7 +103,7 @@ def mul_rule(call: Call) -> list:
         s = operand_sets(call, a, out)
         if s is None:
             continue
-        if call.sets(other) is not None:
+        if not call.constant(other):
             parts.append(s)
             continue
         if isinstance(other, (int, float, complex)):  # a Python number (bool is an int)
@@ -135,7 +135,9 @@ def div_rule(call: Call) -> list:
 
 
 def _masked_by_value(predicate):
-    """Local tracing: drop the sets where ``predicate(self_values)`` says the derivative is 0."""
+    """Local tracing: drop the sets where ``predicate(self_values)`` is false, the derivative 0 there.
+    A predicate is written as PyTorch's derivative formula zeroes: ``~(x <= 0)`` for relu, not
+    ``x > 0``, since no comparison with a NaN holds and the formula passes the derivative there."""
 
     def rule(call: Call) -> list:
         res = broadcast_union(call)
@@ -292,14 +294,14 @@ register_rule(aten_ops("copysign", "copysign_", "nextafter", "nextafter_"), _ski
               family="elementwise")
 register_rule([torch.ops.aten.max.other, torch.ops.aten.min.other], elementwise, second_order="linear",
               family="elementwise")
-register_rule(aten_ops("relu", "relu_"), _masked_by_value(lambda x, b: x > 0), second_order="linear",
+register_rule(aten_ops("relu", "relu_"), _masked_by_value(lambda x, b: ~(x <= 0)), second_order="linear",
               family="elementwise")
 _scalar_clamp = _masked_by_value(_clamp_keep)
 register_rule(aten_ops("clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_", "clamp_max",
                        "clamp_max_"),
               clamp_rule, second_order="linear", family="elementwise")
 # dead zones: a zero derivative where |x| < lambd
-register_rule(aten_ops("softshrink", "hardshrink"), _masked_by_value(lambda x, b: x.abs() >= b["lambd"]),
+register_rule(aten_ops("softshrink", "hardshrink"), _masked_by_value(lambda x, b: ~(x.abs() < b["lambd"])),
               second_order="linear", family="elementwise")
 # exponential for x <= 0, linear above
 register_rule(aten_ops("elu", "elu_", "celu", "celu_", "selu", "selu_"),
@@ -330,20 +332,24 @@ def _choose(pick_self):
     return rule
 
 
+# Each pick keeps an operand wherever either AD mode's formula may pass it a derivative: PyTorch's
+# formulas zero a derivative where a comparison holds, and no comparison with a NaN does (reverse
+# mode credits both operands of maximum(nan, 1)); both at ties.
 def _max_pick(a, o):
-    return (a >= o) | torch.isnan(a), (o >= a) | torch.isnan(o)
+    return ~(a < o), ~(a > o)
 
 
 def _min_pick(a, o):
-    return (a <= o) | torch.isnan(a), (o <= a) | torch.isnan(o)
+    return ~(a > o), ~(a < o)
 
 
 def _fmax_pick(a, o):
-    return ((a >= o) | torch.isnan(o)) & ~torch.isnan(a), ((o >= a) | torch.isnan(a)) & ~torch.isnan(o)
+    # fmax ignores a NaN operand; of two NaNs it credits the first
+    return (a >= o) | torch.isnan(o), (o >= a) | (torch.isnan(a) & ~torch.isnan(o))
 
 
 def _fmin_pick(a, o):
-    return ((a <= o) | torch.isnan(o)) & ~torch.isnan(a), ((o <= a) | torch.isnan(a)) & ~torch.isnan(o)
+    return (a <= o) | torch.isnan(o), (o <= a) | (torch.isnan(a) & ~torch.isnan(o))
 
 
 register_rule(aten_ops("maximum"), _choose(_max_pick), second_order="linear", family="elementwise")
@@ -352,23 +358,25 @@ register_rule(aten_ops("fmax"), _choose(_fmax_pick), second_order="linear", fami
 register_rule(aten_ops("fmin"), _choose(_fmin_pick), second_order="linear", family="elementwise")
 
 
-def _between(lo_name, hi_name, lo_default, hi_default):
+def _between(lo_name, hi_name, lo_default, hi_default, nan_passes: bool = True):
+    """Keep where ``lo <= x <= hi``; a NaN also where the op's derivative formula passes one
+    (hardtanh's zeroes only where ``x`` is outside its bounds, hardsigmoid's keeps only inside)."""
     def keep(x, b):
         lo = b.get(lo_name, lo_default) if lo_name else lo_default
         hi = b.get(hi_name, hi_default) if hi_name else hi_default
-        return (x >= lo) & (x <= hi)
+        return ~((x < lo) | (x > hi)) if nan_passes else (x >= lo) & (x <= hi)
     return keep
 
 
 register_rule(aten_ops("hardtanh", "hardtanh_"), _masked_by_value(_between("min_val", "max_val", -1.0, 1.0)),
               second_order="linear", family="elementwise")
-register_rule(aten_ops("hardsigmoid", "hardsigmoid_"), _masked_by_value(_between(None, None, -3.0, 3.0)),
+register_rule(aten_ops("hardsigmoid", "hardsigmoid_"), _masked_by_value(_between(None, None, -3.0, 3.0, False)),
               second_order="linear", family="elementwise")
 # x (x + 3) / 6 on [-3, 3], 0 below and x above
 register_rule(aten_ops("hardswish", "hardswish_"),
-              _curved_where(_masked_by_value(lambda x, b: x >= -3.0), lambda x, b: (x >= -3.0) & (x <= 3.0)),
+              _curved_where(_masked_by_value(lambda x, b: ~(x < -3.0)), lambda x, b: ~((x < -3.0) | (x > 3.0))),
               second_order="linear", family="elementwise")
-register_rule(aten_ops("threshold", "threshold_"), _masked_by_value(lambda x, b: x > b["threshold"]),
+register_rule(aten_ops("threshold", "threshold_"), _masked_by_value(lambda x, b: ~(x <= b["threshold"])),
               second_order="linear", family="elementwise")
 
 

@@ -64,8 +64,9 @@ def reduction(call: Call) -> list:
                 and isinstance(x, TracedTensor) and not x.primal.is_meta and call.sets(x) is not None:
             # the selected elements (all of them on ties) at this point
             groups, ngroups = group_ids(tuple(x.shape), dims)
-            out = call.outs[0].reshape(-1)
-            hit = (x.primal.reshape(-1).cpu() == out.cpu()[torch.as_tensor(groups)]).numpy()
+            out = call.outs[0].reshape(-1).cpu()[torch.as_tensor(groups)]
+            # a NaN result: every element of its slice (the formulas give them NaN or the gradient)
+            hit = ((x.primal.reshape(-1).cpu() == out) | torch.isnan(out)).numpy()
             return [S.gather_union(call.sets(x), groups[hit], np.nonzero(hit)[0], ngroups)]
     u, _, ngroups = reduce_sets(call, x, dims)
     return [_bcast_groups(u, o, ngroups) if is_differentiable_dtype(o.dtype) else None for o in call.outs]
@@ -78,6 +79,8 @@ def _reduction_at_point(call: Call, x, dims: list[int]):
     packet = call.func.overloadpacket
     if packet not in (aten.prod, aten.nansum, aten.nanmean) or len(call.outs) != 1:
         return None
+    if packet is aten.prod and not call.tracer.drops_vanishing:
+        return None
     if not isinstance(x, TracedTensor) or x.primal.is_meta or call.sets(x) is None:
         return None
     v = x.primal.detach().reshape(-1).cpu()
@@ -85,7 +88,9 @@ def _reduction_at_point(call: Call, x, dims: list[int]):
     if packet is aten.prod:
         zero = (v == 0).numpy()
         zeros_in = np.bincount(groups[zero], minlength=ngroups)[groups]
-        keep = (zeros_in == 0) | ((zeros_in == 1) & zero)
+        # a NaN or an infinity beside a zero makes a NaN derivative, not a zero one
+        unbounded_in = np.bincount(groups[~torch.isfinite(v).numpy()], minlength=ngroups)[groups]
+        keep = (zeros_in == 0) | ((zeros_in == 1) & zero) | (unbounded_in > 0)
     else:
         keep = ~torch.isnan(v).numpy()
     return [_bcast_groups(S.gather_union(call.sets(x), groups[keep], np.nonzero(keep)[0], ngroups),
@@ -160,8 +165,8 @@ def norm_rule(call: Call) -> list:
         return res
     if call.local and p != 1 and isinstance(x, TracedTensor) and not x.primal.is_meta and call.sets(x) is not None:
         groups, ngroups = group_ids(tuple(x.shape), _dims(b.get("dim"), x.dim()))
-        out = call.outs[0].reshape(-1).cpu()
-        hit = (x.primal.reshape(-1).cpu().abs() == out[torch.as_tensor(groups)]).numpy()
+        out = call.outs[0].reshape(-1).cpu()[torch.as_tensor(groups)]
+        hit = ((x.primal.reshape(-1).cpu().abs() == out) | torch.isnan(out)).numpy()
         return [S.gather_union(call.sets(x), groups[hit], np.nonzero(hit)[0], ngroups)]
     return reduction(call)
 

@@ -46,7 +46,10 @@ def _normalize(x, argnums):
     for i in selected:
         if not -len(xs) <= i < len(xs):
             raise InputError(f"argnums entry {i} is out of range for {len(xs)} inputs")
-    return xs, tuple(i % len(xs) for i in selected), as_tuple
+    selected = tuple(i % len(xs) for i in selected)
+    if len(set(selected)) != len(selected):
+        raise InputError(f"argnums={argnums!r} names an argument twice; list each argument once")
+    return xs, selected, as_tuple
 
 
 def trace(f: Callable, xs: tuple, selected: tuple, *, local: bool, strict: bool, hessian: bool = False):

@@ -199,7 +199,15 @@ class Interpreter:
         return outs
 
 
+#: primitives whose result is no function of their operands, so never evaluated at detection: XLA's
+#: stateful generator, and host callbacks (a callback may return other values at every call, whatever
+#: purity it declares); values known from them would cut dependencies (``where(mask, x, y)``)
+_UNREPEATABLE = frozenset({"rng_uniform", "pure_callback", "io_callback", "debug_callback"})
+
+
 def _evaluate(eqn, ins: list[Val]) -> list:
+    if eqn.primitive.name in _UNREPEATABLE or eqn.effects:
+        return None
     try:
         res = eqn.primitive.bind(*[v.value for v in ins], **eqn.params)
     except Exception:  # a primitive that cannot run eagerly here: values stay unknown (sound)

@@ -14,11 +14,12 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.sparse as sp
 from jax.experimental import sparse as jsparse
 
 from ..coloring import symmetric_pattern
 from ..coloring.choose import choose_hessian, choose_jacobian
-from ..errors import InputError
+from ..errors import CheckError, InputError
 from ..operators import HESSIAN_COLORINGS, JACOBIAN_COLORINGS, MODES
 from ..patterns import SparsityPattern, as_pattern
 from . import _coloring as C
@@ -51,6 +52,50 @@ class _SparseOperator:
         self.f = f
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, _device_of(x)
         self.timings: dict[str, float] = {}
+        self._probe = None  # (jitted independent product, random vector) where calls are checked
+
+    def _checking(self, check, local: bool, pattern, product: Callable, size: int, transpose: bool = False) -> None:
+        """Check every call (``check``; default: a pattern traced at one point or given by the
+        user, which need not hold at another point) with one independent product: ``product(x, v)``
+        is the matrix times ``v`` (of ``size`` elements), or its transpose times ``v``."""
+        if check is None:
+            check = local or pattern is not None
+        if not isinstance(check, bool):
+            raise InputError(f"check must be True, False or None, got {check!r}")
+        self.check = check
+        if check:
+            v = np.random.default_rng(0x5EED).uniform(-1.0, 1.0, size)
+            self._probe = (jax.jit(product), jax.device_put(jnp.asarray(v, dtype=self.dtype), self.device), transpose)
+
+    def _verify(self, x, values) -> None:
+        """Raise :class:`asd.errors.CheckError` unless the values times the probe's vector match the
+        independent product at ``x``, row by row at each row's own scale (a NaN or infinite entry
+        of the independent product is passed over: a formula may fail where the values are finite)."""
+        product, v, transpose = self._probe
+        ref = np.asarray(product(x, v), dtype=np.float64).reshape(-1)
+        vals = np.asarray(values, dtype=np.float64)
+        indptr, indices = np.asarray(self._indptr), np.asarray(self._indices)
+        vv = np.asarray(v, dtype=np.float64)
+        A = sp.csr_array((vals, indices, indptr), shape=self._shape)
+        absA = sp.csr_array((np.abs(vals), indices, indptr), shape=self._shape)
+        if transpose:
+            A, absA = A.T, absA.T
+        mine = A @ vv
+        scale = absA @ np.abs(vv) + np.abs(ref)
+        keep = np.isfinite(ref)
+        if not keep.any():
+            return
+        eps = float(jnp.finfo(self.dtype).eps)
+        diff = np.where(keep, np.abs(mine - ref), 0.0)
+        bound = np.sqrt(eps) * scale + eps ** 0.6 * float(scale[keep].max())
+        bad = keep & ~(diff <= bound)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise CheckError(
+                f"{self._what} failed its check at this x: entry {row} of the values times a random vector is "
+                f"{mine[row]:.6g}, an independent product gives {ref[row]:.6g}. The sparsity pattern (traced at "
+                "another point, or given) does not hold here: prepare the operator at this point, or pass "
+                "local=False")
 
     def _detect(self, detect: Callable, given, conform: Callable) -> None:
         t0 = time.perf_counter()
@@ -122,8 +167,13 @@ class _SparseOperator:
         return self._compressed(self._check(x), *self._args[:1])
 
     def values(self, x) -> jax.Array:
-        """The stored values at ``x`` in the CSR order of :attr:`pattern` (one jitted call)."""
-        return self._values(self._check(x), *self._args)
+        """The stored values at ``x`` in the CSR order of :attr:`pattern` (one jitted call; with
+        :attr:`check`, one independent product more)."""
+        x = self._check(x)
+        vals = self._values(x, *self._args)
+        if self._probe is not None:
+            self._verify(x, vals)
+        return vals
 
     def __call__(self, x) -> jsparse.BCSR:
         """The derivative at ``x`` as a ``jax.experimental.sparse.BCSR`` matrix."""
@@ -154,6 +204,10 @@ class SparseJacobian(_SparseOperator):
         As for :func:`asd.jax.jacobian_sparsity`.
     pattern
         A known sparsity pattern (skips detection).
+    check
+        Compare every call with one independent product (a JVP, or a VJP where ``f`` has reverse
+        mode only) and raise :class:`asd.errors.CheckError` where they differ. ``None`` (default):
+        only for a pattern that need not hold at the call's ``x`` (``local=True`` or ``pattern=``).
 
     Attributes
     ----------
@@ -167,7 +221,8 @@ class SparseJacobian(_SparseOperator):
     _what = "this SparseJacobian"
 
     def __init__(self, f: Callable, x, *, mode: str = "auto", coloring: str | None = None, order: str = "natural",
-                 batch_size: int | None = None, local: bool = False, strict: bool = False, pattern=None):
+                 batch_size: int | None = None, local: bool = False, strict: bool = False, pattern=None,
+                 check: bool | None = None):
         self._bind(f, x)
         if mode not in MODES:
             raise InputError(f"mode must be one of {MODES}, got {mode!r}")
@@ -208,6 +263,10 @@ class SparseJacobian(_SparseOperator):
 
         self._finish(result, lambda v, blocks, seeds, bs: jacobian_products(g, v.reshape(-1), blocks, seeds, bs),
                      batch_size, constants=True)
+        if self.mode == "reverse" and not _has_forward_mode(g, x.reshape(-1)):
+            self._checking(check, local, pattern, lambda v, u: jax.vjp(g, v.reshape(-1))[1](u)[0], m, transpose=True)
+        else:
+            self._checking(check, local, pattern, lambda v, t: jax.jvp(g, (v.reshape(-1),), (t,))[1], x.size)
         self._compile_now(x)
 
     def __repr__(self) -> str:
@@ -255,14 +314,15 @@ class SparseHessian(_SparseOperator):
         jitted call) or ``None``: star unless acyclic needs fewer colors with at most
         :data:`MAX_SUBSTITUTION_LEVELS` substitution levels (and ``x`` is float64: substitution
         accumulates rounding on small entries).
-    order, batch_size, local, strict, pattern
-        As for :class:`SparseJacobian`.
+    order, batch_size, local, strict, pattern, check
+        As for :class:`SparseJacobian` (the independent product is a Hessian-vector product).
     """
 
     _what = "this SparseHessian"
 
     def __init__(self, f: Callable, x, *, coloring: str | None = None, order: str = "natural",
-                 batch_size: int | None = None, local: bool = False, strict: bool = False, pattern=None):
+                 batch_size: int | None = None, local: bool = False, strict: bool = False, pattern=None,
+                 check: bool | None = None):
         self._bind(f, x)
         if coloring is not None and coloring not in HESSIAN_COLORINGS:
             raise InputError(f"a Hessian coloring must be one of {HESSIAN_COLORINGS}, got {coloring!r}")
@@ -289,6 +349,7 @@ class SparseHessian(_SparseOperator):
         self._batch_size = batch_size
         self._with_grad = None
         self._finish(result, _hvp_products(g), batch_size, constants=False)
+        self._checking(check, local, pattern, lambda v, t: jax.jvp(jax.grad(g), (v.reshape(-1),), (t,))[1], n)
         self._compile_now(x)
 
     def value_grad_hessian(self, x):
@@ -311,6 +372,8 @@ class SparseHessian(_SparseOperator):
 
             self._with_grad = jax.jit(run)
         val, grad, vals = self._with_grad(x, self._seeds, self._dec_arrays)
+        if self._probe is not None:
+            self._verify(x, vals)
         H = jsparse.BCSR((vals, self._indices, self._indptr), shape=self._shape)
         return val, grad.reshape(self.shape), H
 

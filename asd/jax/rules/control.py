@@ -143,6 +143,9 @@ def custom_derivative(ctx):
                       f"{str(exc)[:120]}); every output is assumed to depend on every input (sound but dense)",
                       UnsupportedOpWarning, stacklevel=4)
         rule = conservative(ctx)
+        if ctx.hessian is not None:  # nor can its second derivatives be read: every pair may interact
+            ctx.hessian.add_square(S.union([S.full_row(ctx.sets(i)) for i in diff if ctx.sets(i) is not None],
+                                           1, ctx.n))
     finally:
         interp.in_rule = outer_rule
     if "vjp" in ctx.eqn.primitive.name and ctx.hessian is not None:

@@ -118,7 +118,11 @@ def conv_pairs(sin, sk, sout, p):
 def conv_general_dilated(ctx):
     p = ctx.params
     if p.get("batch_group_count", 1) != 1:
-        return conservative(ctx)
+        res = conservative(ctx)
+        if ctx.hessian is not None:  # a general op: every pair of its inputs' dependencies may interact
+            for s in res:
+                ctx.hessian.add_square(s)
+        return res
     ls, rs = ctx.ins[0].shape, ctx.ins[1].shape
     nd = len(ls) - 2
     dn = p["dimension_numbers"]

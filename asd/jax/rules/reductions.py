@@ -115,6 +115,9 @@ def reduce_window(ctx):
         if init is not None:
             m = ctx.out_size(k)
             outs[k] = S.union([outs[k], S.take_rows(init, np.zeros(m, dtype=np.int64))], m, ctx.n)
+    if nops > 1:  # a reducer of several operands may mix them (a complex product): each output reads all
+        every = S.union(outs, ctx.out_size(0), ctx.n)
+        outs = [every] * nops
     return outs
 
 
@@ -131,11 +134,44 @@ def sort(ctx):
     if ctx.local and keys_known and any(ctx.sets(i) is not None for i in range(nops)):
         operands = [jnp.asarray(v) if v is not None else jnp.zeros(shape, ctx.ins[i].dtype)
                     for i, v in enumerate(vals)]
-        res = ctx.eqn.primitive.bind(*operands, jnp.asarray(ids(shape), jnp.int32), dimension=d, is_stable=True,
+        res = ctx.eqn.primitive.bind(*operands, jnp.asarray(ids(shape), jnp.int32), dimension=d,
+                                     is_stable=ctx.params["is_stable"],
                                      num_keys=ctx.params["num_keys"])
         perm = np.asarray(res[-1]).astype(np.int64).ravel()
-        return [None if ctx.sets(i) is None else S.take_rows(ctx.sets(i), perm) for i in range(nops)]
+        if ctx.params["is_stable"]:
+            return [None if ctx.sets(i) is None else S.take_rows(ctx.sets(i), perm) for i in range(nops)]
+        # an unstable sort may order equal keys either way: a position reads any element of its tie
+        rows, cols = _tie_groups(perm, [np.asarray(r) for r in res[:ctx.params["num_keys"]]], shape, d)
+        return [None if ctx.sets(i) is None else S.gather_union(ctx.sets(i), rows, cols, int(perm.size))
+                for i in range(nops)]
     return [None if ctx.sets(i) is None else line_union(ctx.sets(i), shape, d) for i in range(nops)]
+
+
+def _tie_groups(perm: np.ndarray, sorted_keys: list, shape, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, cols)``: output position ``rows[k]`` may hold input element ``cols[k]``, for a sort
+    whose output position ``p`` holds input ``perm[p]`` and whose sorted keys are ``sorted_keys``:
+    every element of a run of equal keys (NaNs equal to each other) along ``d``, in its line."""
+    m = shape[d]
+    lines = lambda a: np.moveaxis(np.asarray(a).reshape(shape), d, -1).reshape(-1, max(m, 1))  # noqa: E731
+    out, src = lines(ids(shape)), lines(perm)
+    tied = np.ones(out.shape, dtype=bool)
+    tied[:, 0] = False
+    for k in sorted_keys:
+        k = lines(k)
+        same = k[:, 1:] == k[:, :-1]
+        if np.issubdtype(k.dtype, np.inexact):
+            same |= np.isnan(k[:, 1:]) & np.isnan(k[:, :-1])
+        tied[:, 1:] &= same
+    label = np.cumsum(~tied.ravel()) - 1  # runs of ties, numbered across lines
+    order = np.argsort(label, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(label[order]) != 0])
+    sizes = np.diff(np.r_[starts, label.size])
+    rows, cols = [out.ravel()[sizes[label] == 1]], [src.ravel()[sizes[label] == 1]]
+    for s0, g in zip(starts[sizes > 1], sizes[sizes > 1]):
+        members = order[s0:s0 + g]
+        rows.append(np.repeat(out.ravel()[members], g))
+        cols.append(np.tile(src.ravel()[members], g))
+    return np.concatenate(rows), np.concatenate(cols)
 
 
 register("sort", sort, LINEAR, "reductions")

@@ -1,0 +1,135 @@
+"""asd.jax: results that were wrong without a word (a review of the prepared operators and the API).
+
+A reduce_window of several operands whose reducer mixes them, a conv with batch_group_count > 1 (no
+second-order terms), an unstable sort with tied keys traced at a point, values of an XLA stateful
+generator or a host callback used as constants at detection, a repeated argnums entry, and operators
+prepared at one point (``local=True``) or with a given pattern and called elsewhere without a check.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="asd.jax needs jax (pip install asd[jax])")
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+
+import asd.jax as aj  # noqa: E402
+from asd.errors import CheckError, InputError  # noqa: E402
+
+
+def _jvp_columns(f, x):
+    eye = jnp.eye(x.size, dtype=x.dtype)
+    return np.stack([np.asarray(jax.jvp(f, (x,), (eye[i].reshape(x.shape),))[1]).ravel() for i in range(x.size)], 1)
+
+
+def test_a_reduce_window_whose_reducer_mixes_its_operands():
+    def cmul(a, b):  # complex products of (re, im) pairs
+        return (a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0])
+
+    def f(x):
+        return lax.reduce_window((x[:4], x[4:]), (1.0, 0.0), cmul, (2,), (1,), "VALID")[0]
+
+    x = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, 8))
+    P = aj.jacobian_sparsity(f, x).toarray()
+    assert not ((_jvp_columns(f, x) != 0) & ~P).any()
+    H = aj.hessian_sparsity(lambda z: jnp.sum(f(z)), x).toarray()
+    # finite differences of first derivatives (JAX cannot take a second JVP of this reduce_window)
+    s = lambda z: jnp.sum(f(z))  # noqa: E731
+    eye, h = jnp.eye(8), 1e-5
+    d1 = lambda z, i: float(jax.jvp(s, (z,), (eye[i],))[1])  # noqa: E731
+    D = np.array([[(d1(x + h * eye[j], i) - d1(x - h * eye[j], i)) / (2 * h) for j in range(8)] for i in range(8)])
+    assert not ((np.abs(D) > 1e-6) & ~H).any()
+
+
+def test_a_conv_with_batch_groups_has_its_hessian():
+    def f(x):
+        lhs, rhs = x[:6].reshape(2, 1, 3), x[6:].reshape(2, 1, 2)
+        return jnp.sum(lax.conv_general_dilated(lhs, rhs, (1,), "VALID", batch_group_count=2))
+
+    x = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, 10))
+    D = np.asarray(jax.hessian(f)(x))
+    assert not ((D != 0) & ~aj.hessian_sparsity(f, x).toarray()).any()
+    np.testing.assert_allclose(aj.to_scipy(aj.sparse_hessian(f, x)).toarray(), D, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape,d", [((36,), 0), ((4, 9), 1), ((4, 9), 0)])
+def test_a_local_unstable_sort_with_ties(shape, d):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(0, 3, int(np.prod(shape))).astype(float).reshape(shape))
+    w = jnp.arange(1.0, x.size + 1).reshape(shape)
+    f = lambda z: lax.sort(z, dimension=d, is_stable=False) * w  # noqa: E731
+    D = np.asarray(jax.jacfwd(f)(x)).reshape(x.size, x.size)
+    P = aj.jacobian_sparsity(f, x, local=True).toarray()
+    assert not ((D != 0) & ~P).any()
+    J = aj.to_scipy(aj.prepare_jacobian(f, x, local=True)(x)).toarray()
+    np.testing.assert_allclose(J, D, atol=1e-12)
+
+
+def test_values_of_a_stateful_generator_or_a_callback_do_not_prune():
+    x = jnp.linspace(1.0, 2.0, 8)
+    f = lambda z: jnp.where(lax.rng_uniform(0.0, 1.0, (8,)) > 0.5, z, z[::-1])  # noqa: E731
+    P = aj.jacobian_sparsity(f, x).toarray()
+    assert P[np.arange(8), np.arange(8)].all() and P[np.arange(8), np.arange(8)[::-1]].all()
+    rng = np.random.default_rng(0)
+    mask = lambda: jax.pure_callback(lambda: rng.random(8) > 0.5, jax.ShapeDtypeStruct((8,), jnp.bool_))  # noqa: E731
+    g = lambda z: jnp.where(mask(), z, z[::-1])  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        P = aj.jacobian_sparsity(g, x).toarray()
+    assert P[np.arange(8), np.arange(8)].all() and P[np.arange(8), np.arange(8)[::-1]].all()
+
+
+def test_a_repeated_argnums_entry_is_refused():
+    f = lambda a, b: a * b  # noqa: E731
+    x = (jnp.ones(3), jnp.ones(3))
+    for argnums in ((0, 0), (0, -2)):
+        with pytest.raises(InputError, match="twice"):
+            aj.jacobian_sparsity(f, x, argnums=argnums)
+
+
+def _where_f(x):
+    return jnp.where(x > 0, x[::-1] * x, x)
+
+
+def _cond_g(x):
+    return lax.cond(x[0] > 0, lambda z: z[0] * z[1], lambda z: z[2] * z[3], x)
+
+
+X0 = jnp.array([1.0, -2.0, 3.0, -4.0])
+
+
+def test_a_local_operator_called_where_its_pattern_fails_raises():
+    op = aj.prepare_jacobian(_where_f, X0, local=True)
+    np.testing.assert_allclose(aj.to_scipy(op(X0)).toarray(), np.asarray(jax.jacfwd(_where_f)(X0)))
+    with pytest.raises(CheckError):
+        op(-X0)
+    H = aj.prepare_hessian(_cond_g, X0, local=True)
+    with pytest.raises(CheckError):
+        H(-X0)
+    with pytest.raises(CheckError):
+        H.value_grad_hessian(-X0)
+    # where the pattern holds, the checked call answers (a point with the same signs)
+    np.testing.assert_allclose(aj.to_scipy(op(2 * X0)).toarray(), np.asarray(jax.jacfwd(_where_f)(2 * X0)))
+
+
+def test_a_given_pattern_missing_entries_raises_unless_unchecked():
+    f = lambda a: a * a[::-1]  # noqa: E731
+    x = jnp.arange(1.0, 7.0)
+    op = aj.prepare_jacobian(f, x, pattern=np.eye(6, dtype=bool))
+    with pytest.raises(CheckError):
+        op(x)
+    unchecked = aj.prepare_jacobian(f, x, pattern=np.eye(6, dtype=bool), check=False)
+    assert unchecked.check is False
+    unchecked(x)  # the caller's choice: no check
+    full = aj.prepare_jacobian(f, x, pattern=np.asarray(jax.jacfwd(f)(x)) != 0)
+    np.testing.assert_allclose(aj.to_scipy(full(x + 1)).toarray(), np.asarray(jax.jacfwd(f)(x + 1)))
+    with pytest.raises(InputError, match="check"):
+        aj.prepare_jacobian(f, x, check="yes")
+
+
+def test_a_globally_prepared_operator_is_not_checked_by_default():
+    op = aj.prepare_jacobian(lambda a: a * a[::-1], jnp.arange(1.0, 7.0))
+    assert op.check is False

@@ -66,6 +66,7 @@ _COUNTS = {
     "masked index": lambda: _W[_W > 0].numel(),
     "unique": lambda: len(torch.unique(_W)),
     "masked_select": lambda: torch.masked_select(_W, _W > 0).numel(),
+    "to_sparse": lambda: _W.to_sparse()._nnz(),
 }
 
 
@@ -93,6 +94,28 @@ def test_a_count_read_from_a_captured_tensor_follows_its_values(count, kind):
         _W.copy_(torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64))
 
 
+def test_a_masked_assignment_runs_as_a_recorded_graph_that_follows_the_mask():
+    """``y[mask] = 0`` (the Dirichlet boundary idiom) stays recorded; a mask written in place drops
+    the graph, which is recorded again."""
+    mask = torch.zeros(12, dtype=torch.bool)
+    mask[:3] = True
+
+    def f(z):
+        y = z * z
+        y[mask] = 0.0
+        return y
+
+    x = torch.rand(12, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    _settle(op, x)
+    tracing = _tracing(op)
+    assert tracing.graphs and not tracing.disabled, tracing.error
+    mask[3:6] = True
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x), rtol=1e-12, atol=1e-12)
+    _settle(op, x)
+    assert tracing.graphs and not tracing.disabled, tracing.error
+
+
 def test_integer_indexing_still_runs_as_a_recorded_graph():
     idx = torch.tensor([3, 0, 1, 2])
     f = lambda z: z[idx] * z  # noqa: E731
@@ -115,6 +138,23 @@ def test_a_tensor_read_through_grad_is_not_kept_by_the_graph():
     p.grad = None
     (p * 3.0).sum().backward()  # a new grad tensor
     torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x), rtol=1e-12, atol=1e-12)
+
+
+def test_a_refused_recording_leaves_the_draws_of_an_unrecorded_call():
+    n = 10
+    w = torch.ones(n, dtype=torch.float64)
+
+    def f(x):
+        return x * x * torch.rand(n, dtype=torch.float64) * float(w.sum()) + torch.roll(x, 1)
+
+    x = torch.rand(n, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, mode="reverse")
+    for i in range(traced.CALLS_BEFORE_TRACING + 5):
+        torch.manual_seed(i)
+        got = op(x).to_dense()
+        torch.manual_seed(i)
+        torch.testing.assert_close(got, torch.func.jacrev(f)(x), rtol=1e-12, atol=1e-12, msg=f"call {i}")
+    assert _tracing(op).disabled  # float(w.sum()) refuses the recording
 
 
 @pytest.mark.parametrize("mode", ["reverse", "forward"])

@@ -15,6 +15,7 @@ and the operator's pattern holds everywhere (not ``local=True``, not a user ``pa
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Callable
 
 import torch
@@ -26,7 +27,15 @@ __all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES"]
 
 class _NoPythonNumbers(TorchDispatchMode):
     """Refuses a tensor read as a Python number (``.item()``, ``float()``) while the products are
-    recorded: the graph would keep the number while the tensor changes."""
+    recorded: the graph would keep the number while the tensor changes. Notes the tensors whose
+    values an output's shape follows (``w.nonzero()``, ``w[w > 0]``): a size read from that shape
+    (``k = w.nonzero().shape[0]``) is kept in the graph as well, so the graph holds only while they
+    are not written (:meth:`Tracing._shapes_hold`)."""
+
+    def __init__(self):
+        super().__init__()
+        #: ``(weak reference, version)`` of every tensor argument of such an op
+        self.shape_sources: list = []
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -39,9 +48,10 @@ class _NoPythonNumbers(TorchDispatchMode):
             raise RuntimeError("f reads a tensor's value as a Python number (.item(), float()): a recorded graph "
                                "would keep that number")
         if func in _DATA_SHAPED and _data_shaped(func, args, kwargs or {}):
-            # also on a constant of f's: the count read from the result's shape would be kept
-            raise RuntimeError(f"f calls {func}, whose output shape follows tensor values: a recorded graph "
-                               "would keep that shape while the values change")
+            for t in (*args, *(kwargs or {}).values()):
+                for u in (t if isinstance(t, (list, tuple)) else (t,)):
+                    if isinstance(u, torch.Tensor):
+                        self.shape_sources.append((weakref.ref(u), u._version))
         return func(*args, **(kwargs or {}))
 
 
@@ -49,7 +59,11 @@ class _NoPythonNumbers(TorchDispatchMode):
 _DATA_SHAPED = frozenset(getattr(packet, o) for packet in (
     torch.ops.aten.nonzero, torch.ops.aten.masked_select, torch.ops.aten._unique, torch.ops.aten._unique2,
     torch.ops.aten.unique_dim, torch.ops.aten.unique_consecutive, torch.ops.aten.bincount,
-    torch.ops.aten.repeat_interleave, torch.ops.aten.one_hot, torch.ops.aten.index)
+    torch.ops.aten.repeat_interleave, torch.ops.aten.one_hot, torch.ops.aten.index, *(
+        getattr(torch.ops.aten, n) for n in ("_to_sparse", "_to_sparse_csr", "_to_sparse_csc", "_to_sparse_bsr",
+                                             "_to_sparse_bsc", "to_sparse", "to_sparse_csr", "to_sparse_csc",
+                                             "to_sparse_bsr", "to_sparse_bsc", "sparse_mask")
+        if hasattr(torch.ops.aten, n)))
     for o in packet.overloads())
 
 
@@ -65,6 +79,8 @@ def _data_shaped(func, args, kwargs) -> bool:
         classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
         return classes == -1
     if packet is torch.ops.aten.repeat_interleave:
+        if kwargs.get("output_size") is not None:
+            return False
         repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
         return isinstance(repeats, torch.Tensor) or (len(args) == 1 and "repeats" not in kwargs)
     return True
@@ -192,6 +208,8 @@ class Tracing:
         self.replay = None
         self.graphs: dict = {}
         self.stamp = None
+        #: ``(weak reference, version)`` of the tensors whose values shapes in the graphs followed
+        self.shape_sources: list = []
         self.calls = 0
         #: eager calls before the products are recorded (an operator that evaluated its first calls
         #: another way sets it to 0 to record at the next call)
@@ -219,16 +237,28 @@ class Tracing:
         """The products' graph: a compiled operator records it without ``make_fx`` (which imports
         Dynamo: a second of a fresh process that only loads a cached compiled artifact). A tensor
         read as a Python number (``w.item()``, ``float(w)``) refuses the recording: the graph would
-        keep the number while the tensor changes in place."""
-        with _NoPythonNumbers(), _NoHostReads():
-            if self.compile:
-                from .record import RecordingError, record
+        keep the number while the tensor changes in place. The tensors that output shapes followed
+        are added to :attr:`shape_sources`."""
+        with _NoPythonNumbers() as mode, _NoHostReads():
+            try:
+                if self.compile:
+                    from .record import RecordingError, record
 
-                try:
-                    return record(fn, x, seeds)
-                except RecordingError:
-                    pass
-            return make_fx(lambda a, b: fn(a, b))(x, seeds)
+                    try:
+                        return record(fn, x, seeds)
+                    except RecordingError:
+                        pass
+                return make_fx(lambda a, b: fn(a, b))(x, seeds)
+            finally:
+                self.shape_sources.extend(s for s in mode.shape_sources if s[0]() is not None)
+
+    def _shapes_hold(self) -> bool:
+        """Whether no tensor that an output shape in a recorded graph followed was written since."""
+        for ref, version in self.shape_sources:
+            t = ref()
+            if t is not None and t._version != version:
+                return False
+        return True
 
     def run(self, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products through the recorded graph, or ``None`` (evaluate ``fn`` itself)."""
@@ -244,7 +274,8 @@ class Tracing:
         if not complete:
             self.disabled = self.unrecordable = True
             return None
-        if stamp != self.stamp:
+        if stamp != self.stamp or (self.shape_sources and not self._shapes_hold()):
+            self.shape_sources = []
             if self.graphs:
                 self.misses += 1
                 self.graphs.clear()
@@ -287,6 +318,7 @@ class Tracing:
                                                              owned=self.owned)
                     if _records_grad(graph):  # this call's products go through the transforms
                         self.graphs[key] = graph
+                        _set_rng_state(x, rng)
                         return None
                     graph = self._graphed(graph, x, seeds)
                 else:
@@ -296,6 +328,7 @@ class Tracing:
                 _set_rng_state(x, rng)
                 out = graph(x, seeds)
             except Exception as exc:  # noqa: BLE001 - not traceable: keep the transforms
+                _set_rng_state(x, rng)  # the transforms evaluate this call: the draws of an unrecorded one
                 self.error = _reason(exc)
                 self.disabled = True
                 self.unrecordable = not recorded

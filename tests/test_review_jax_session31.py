@@ -133,3 +133,41 @@ def test_a_given_pattern_missing_entries_raises_unless_unchecked():
 def test_a_globally_prepared_operator_is_not_checked_by_default():
     op = aj.prepare_jacobian(lambda a: a * a[::-1], jnp.arange(1.0, 7.0))
     assert op.check is False
+
+
+def test_auto_mode_takes_forward_for_a_while_loop():
+    def f(x):
+        def body(c):
+            v, k = c
+            return v * 0.5 + jnp.sum(x ** 2), k + 1
+        return lax.while_loop(lambda c: c[1] < 3, body, (0.0, 0))[0].reshape(1)
+
+    x = jnp.linspace(0.1, 1.0, 6)
+    op = aj.prepare_jacobian(f, x)
+    assert op.mode == "forward"
+    np.testing.assert_allclose(aj.to_scipy(op(x)).toarray(), np.asarray(jax.jacfwd(f)(x)), atol=1e-12)
+
+
+def test_reverse_mode_with_an_output_of_another_dtype():
+    f = lambda x: (x[1:] * x[:-1]).astype(jnp.float32)  # noqa: E731
+    x = jnp.linspace(0.1, 1.0, 6)
+    J = aj.to_scipy(aj.sparse_jacobian(f, x, mode="reverse")).toarray()
+    np.testing.assert_allclose(J, np.asarray(jax.jacfwd(f)(x)), rtol=1e-6)
+
+
+def test_value_grad_hessian_through_a_custom_vjp_function():
+    @jax.custom_vjp
+    def sinw(x, w):
+        return jnp.sin(x) * w
+
+    sinw.defvjp(lambda x, w: (sinw(x, w), (x, w)),
+                lambda r, g: (g * jnp.cos(r[0]) * r[1], g * jnp.sin(r[0])))
+    g = lambda x: jnp.sum(sinw(x, x[::-1]))  # noqa: E731
+    x = jnp.linspace(0.1, 1.0, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the Hessian through a custom_vjp function is conservative
+        val, grad, H = aj.gradient_and_hessian(g, x)
+    np.testing.assert_allclose(float(val), float(g(x)))
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(jax.grad(g)(x)), atol=1e-12)
+    ref = np.asarray(jax.jacrev(jax.jacrev(g))(x))  # jax.hessian cannot: the fwd calls sinw itself
+    np.testing.assert_allclose(aj.to_scipy(H).toarray(), ref, atol=1e-12)

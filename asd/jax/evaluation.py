@@ -37,8 +37,9 @@ def jacobian_products(g: Callable, x: jax.Array, blocks: list, seeds: list, batc
             parts.append(batched(jvp, S, batch_size).reshape(-1))
         else:
             if vjp is None:
-                _, pull = jax.vjp(g, x)
-                vjp = lambda s, pull=pull: pull(s)[0]  # noqa: E731
+                y, pull = jax.vjp(g, x)
+                # the seed rows are in x's dtype; a cotangent must have the output's (a float32 result)
+                vjp = lambda s, pull=pull, dt=y.dtype: pull(s.astype(dt))[0]  # noqa: E731
             parts.append(batched(vjp, S, batch_size).reshape(-1))
     return jnp.concatenate(parts) if len(parts) != 1 else parts[0]
 

@@ -252,6 +252,8 @@ class SparseJacobian(_SparseOperator):
         problem = coloring or {"forward": "column", "reverse": "row"}.get(mode)
         if problem is None and (reverse_only[0] if reverse_only else not _has_forward_mode(f, x)):
             problem = "row"
+        elif problem is None and not _has_reverse_mode(f, x):
+            problem = "column"  # a while_loop inside: JAX differentiates it in forward mode only
         t0 = time.perf_counter()
         result = choose_jacobian(self.pattern, problem, order, prefer="column")  # jitted JVPs win ties
         self.timings["coloring"] = time.perf_counter() - t0
@@ -287,13 +289,27 @@ def _has_forward_mode(f: Callable, x) -> bool:
     return True
 
 
+def _has_reverse_mode(f: Callable, x) -> bool:
+    """Whether JAX can pull a VJP back through ``f`` (a ``lax.while_loop`` has forward mode only):
+    traced abstractly, nothing is computed."""
+    try:
+        jax.eval_shape(lambda v: jax.vjp(f, v)[1](jnp.zeros_like(f(v)))[0], x)
+    except ValueError as exc:
+        return "Reverse-mode differentiation does not work" not in str(exc)
+    except Exception:  # noqa: BLE001 - anything else is f's own error, which the evaluation reports
+        return True
+    return True
+
+
 def _hvp_products(g: Callable, with_value: bool = False):
     def products(v, blocks, seeds, batch_size):
         (S,) = seeds
         x = v.reshape(-1)
         if with_value:
-            (val, grad), lin = jax.linearize(jax.value_and_grad(g), x)
-            return val, grad, batched(lambda s: lin(s)[1], S, batch_size).reshape(-1)
+            # not a linearization of value_and_grad: that needs a JVP of g itself, which a custom_vjp
+            # function inside g does not have (the gradient's JVP runs through its rule)
+            grad, hvp = jax.linearize(jax.grad(g), x)
+            return g(x), grad, batched(hvp, S, batch_size).reshape(-1)
         _, hvp = jax.linearize(jax.grad(g), x)
         return batched(hvp, S, batch_size).reshape(-1)
 

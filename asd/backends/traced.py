@@ -28,14 +28,18 @@ __all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES"]
 class _NoPythonNumbers(TorchDispatchMode):
     """Refuses a tensor read as a Python number (``.item()``, ``float()``) while the products are
     recorded: the graph would keep the number while the tensor changes. Notes the tensors whose
-    values an output's shape follows (``w.nonzero()``, ``w[w > 0]``): a size read from that shape
-    (``k = w.nonzero().shape[0]``) is kept in the graph as well, so the graph holds only while they
-    are not written (:meth:`Tracing._shapes_hold`)."""
+    values an output's shape follows (``w.nonzero()``, ``x[w > 0]``): a size read from that shape
+    (``k = (w > 0).nonzero().shape[0]``) is kept in the graph as well, so the graph holds only while
+    they are not written (:meth:`Tracing._shapes_hold`). Those are the tensors the recording did not
+    compute itself (``w``, not the mask ``w > 0``, which the graph computes anew at every call)."""
 
     def __init__(self):
         super().__init__()
-        #: ``(weak reference, version)`` of every tensor argument of such an op
+        #: ``(weak reference, version)`` of every tensor such a shape followed
         self.shape_sources: list = []
+        #: ``id(t) -> (weak reference to t, sources)`` for each tensor ``t`` the recording computed: the
+        #: tensors it did not compute that ``t`` was computed from (by identity: a tensor's == is elementwise)
+        self._sources: dict = {}
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -44,15 +48,26 @@ class _NoPythonNumbers(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default:
             raise RuntimeError("f reads a tensor's value as a Python number (.item(), float()): a recorded graph "
                                "would keep that number")
-        if func in _DATA_SHAPED and _data_shaped(func, args, kwargs or {}):
-            for t in (*args, *(kwargs or {}).values()):
-                for u in (t if isinstance(t, (list, tuple)) else (t,)):
-                    if isinstance(u, torch.Tensor):
-                        self.shape_sources.append((weakref.ref(u), u._version))
-        return func(*args, **(kwargs or {}))
+        sources: dict = {}
+        for t in (*args, *kwargs.values()):
+            for u in (t if isinstance(t, (list, tuple)) else (t,)):
+                if isinstance(u, torch.Tensor):
+                    entry = self._sources.get(id(u))
+                    if entry is None or entry[0]() is not u:
+                        sources[id(u)] = (weakref.ref(u), u._version)
+                    else:
+                        sources.update(entry[1])
+        if func in _DATA_SHAPED and _data_shaped(func, args, kwargs):
+            self.shape_sources.extend(sources.values())
+        out = func(*args, **kwargs)
+        for o in (out if isinstance(out, (list, tuple)) else (out,)):
+            if isinstance(o, torch.Tensor) and not any(o is u for u in (*args, *kwargs.values())):
+                self._sources[id(o)] = (weakref.ref(o), sources)
+        return out
 
 
 #: ops whose output shape (or a size read from it) follows the values of their tensor arguments

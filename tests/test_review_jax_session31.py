@@ -171,3 +171,32 @@ def test_value_grad_hessian_through_a_custom_vjp_function():
     np.testing.assert_allclose(np.asarray(grad), np.asarray(jax.grad(g)(x)), atol=1e-12)
     ref = np.asarray(jax.jacrev(jax.jacrev(g))(x))  # jax.hessian cannot: the fwd calls sinw itself
     np.testing.assert_allclose(aj.to_scipy(H).toarray(), ref, atol=1e-12)
+
+
+def test_the_check_judges_a_float32_output_at_float32_precision():
+    f = lambda x: (jnp.sin(x) * jnp.roll(x, 1)).astype(jnp.float32)  # noqa: E731
+    x = jnp.linspace(0.1, 1.0, 6)
+    for options in ({"local": True}, {"local": True, "mode": "reverse"},
+                    {"pattern": aj.prepare_jacobian(f, x).pattern}):
+        np.testing.assert_allclose(aj.to_scipy(aj.prepare_jacobian(f, x, **options)(x)).toarray(),
+                                   np.asarray(jax.jacfwd(f)(x)), rtol=1e-6)
+
+    @jax.custom_vjp
+    def cv(x):
+        return jnp.sin(x)
+
+    cv.defvjp(lambda x: (jnp.sin(x), x), lambda r, g: (jnp.cos(r) * g,))
+    f2 = lambda x: (cv(x) * jnp.roll(x, 1)).astype(jnp.float32)  # noqa: E731  (reverse mode only)
+    np.testing.assert_allclose(aj.to_scipy(aj.prepare_jacobian(f2, x, local=True)(x)).toarray(),
+                               np.asarray(jax.jacrev(f2)(x)), rtol=1e-6)
+
+
+def test_the_check_passes_over_a_nan_that_one_mode_computes():
+    """sqrt at 0 under where: reverse mode's values are NaN there (0 * inf, as jax.jacrev's), the
+    checking JVP is finite; no CheckError blames the pattern."""
+    f = lambda x: jnp.where(x > 0, jnp.sqrt(jnp.abs(x)), 0.0) + jnp.roll(x, 1)  # noqa: E731
+    x = jnp.array([0.0, 1.0, 4.0, 2.0, 0.5, 3.0])
+    for options in ({"mode": "reverse", "local": True}, {"mode": "reverse", "pattern": aj.prepare_jacobian(f, x).pattern}):
+        J = aj.to_scipy(aj.prepare_jacobian(f, x, **options)(x)).toarray()
+        finite = np.isfinite(J)
+        np.testing.assert_allclose(J[finite], np.asarray(jax.jacfwd(f)(x))[finite])

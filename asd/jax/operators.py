@@ -52,6 +52,7 @@ class _SparseOperator:
         self.f = f
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, _device_of(x)
         self.timings: dict[str, float] = {}
+        self._out_dtype = x.dtype  # f's output dtype (a Jacobian's may be coarser than x's)
         self._probe = None  # (jitted independent product, random vector) where calls are checked
 
     def _checking(self, check, local: bool, pattern, product: Callable, size: int, transpose: bool = False) -> None:
@@ -72,7 +73,9 @@ class _SparseOperator:
         independent product at ``x``, row by row at each row's own scale (a NaN or infinite entry
         of the independent product is passed over: a formula may fail where the values are finite)."""
         product, v, transpose = self._probe
-        ref = np.asarray(product(x, v), dtype=np.float64).reshape(-1)
+        ref = product(x, v)
+        ref_dtype = ref.dtype
+        ref = np.asarray(ref, dtype=np.float64).reshape(-1)
         vals = np.asarray(values, dtype=np.float64)
         indptr, indices = np.asarray(self._indptr), np.asarray(self._indices)
         vv = np.asarray(v, dtype=np.float64)
@@ -82,10 +85,13 @@ class _SparseOperator:
             A, absA = A.T, absA.T
         mine = A @ vv
         scale = absA @ np.abs(vv) + np.abs(ref)
-        keep = np.isfinite(ref)
+        # an entry that is not finite on either side is passed over: one AD mode's formula may fail
+        # (0 * inf) where the other's is finite, in the values (jax.jacrev's too) or in the product
+        keep = np.isfinite(ref) & np.isfinite(mine) & np.isfinite(scale)
         if not keep.any():
             return
-        eps = float(jnp.finfo(self.dtype).eps)
+        # the precision of the values: the output's where it is coarser than x's (float32 from float64)
+        eps = max(float(jnp.finfo(t).eps) for t in (self.dtype, self._out_dtype, values.dtype, ref_dtype))
         diff = np.where(keep, np.abs(mine - ref), 0.0)
         bound = np.sqrt(eps) * scale + eps ** 0.6 * float(scale[keep].max())
         bad = keep & ~(diff <= bound)
@@ -234,6 +240,8 @@ class SparseJacobian(_SparseOperator):
         if not hasattr(y, "shape"):
             raise InputError(f"f must return one array, got {type(y).__name__}")
         self.out_shape = tuple(y.shape)
+        if jnp.issubdtype(y.dtype, jnp.inexact):
+            self._out_dtype = y.dtype
         m = int(np.prod(self.out_shape, dtype=np.int64))
 
         def conform(P: SparsityPattern) -> SparsityPattern:
@@ -266,7 +274,11 @@ class SparseJacobian(_SparseOperator):
         self._finish(result, lambda v, blocks, seeds, bs: jacobian_products(g, v.reshape(-1), blocks, seeds, bs),
                      batch_size, constants=True)
         if self.mode == "reverse" and not _has_forward_mode(g, x.reshape(-1)):
-            self._checking(check, local, pattern, lambda v, u: jax.vjp(g, v.reshape(-1))[1](u)[0], m, transpose=True)
+            def pulled(v, u):
+                y, pull = jax.vjp(g, v.reshape(-1))
+                return pull(u.astype(y.dtype))[0]
+
+            self._checking(check, local, pattern, pulled, m, transpose=True)
         else:
             self._checking(check, local, pattern, lambda v, t: jax.jvp(g, (v.reshape(-1),), (t,))[1], x.size)
         self._compile_now(x)

@@ -95,7 +95,12 @@ def _double_backward(g, x, v):
 
 
 def _tolerance(dtype: torch.dtype) -> float:
-    return 10 * float(torch.finfo(dtype).eps) ** 0.5
+    return tolerance_of(float(torch.finfo(dtype).eps))
+
+
+def tolerance_of(eps: float) -> float:
+    """The relative tolerance of a row at working precision ``eps`` (shared with :mod:`asd.jax`)."""
+    return 10 * eps ** 0.5
 
 
 def _floor(g: Callable, x: torch.Tensor, dtype: torch.dtype, order: int) -> float:

@@ -15,10 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
+import torch
 from jax.experimental import sparse as jsparse
 
 from ..coloring import symmetric_pattern
 from ..coloring.choose import choose_hessian, choose_jacobian
+from ..checks import ROW_FLOOR_POWER, _rows_agree, tolerance_of
 from ..errors import CheckError, InputError
 from ..operators import HESSIAN_COLORINGS, JACOBIAN_COLORINGS, MODES
 from ..patterns import SparsityPattern, as_pattern
@@ -92,11 +94,11 @@ class _SparseOperator:
             return
         # the precision of the values: the output's where it is coarser than x's (float32 from float64)
         eps = max(float(jnp.finfo(t).eps) for t in (self.dtype, self._out_dtype, values.dtype, ref_dtype))
-        diff = np.where(keep, np.abs(mine - ref), 0.0)
-        bound = np.sqrt(eps) * scale + eps ** 0.6 * float(scale[keep].max())
-        bad = keep & ~(diff <= bound)
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
+        rows = np.flatnonzero(keep)
+        verdict = _rows_agree(*(torch.from_numpy(a[rows]) for a in (mine, ref, scale)), tolerance_of(eps),
+                              eps ** ROW_FLOOR_POWER)  # the torch probe's row-by-row rule
+        if not verdict.ok:
+            row = int(rows[verdict.row])
             raise CheckError(
                 f"{self._what} failed its check at this x: entry {row} of the values times a random vector is "
                 f"{mine[row]:.6g}, an independent product gives {ref[row]:.6g}. The sparsity pattern (traced at "

@@ -40,7 +40,9 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("case", ["reverse", "forward", "hessian", "hessian_many_colors"])
+# a fresh process each (10-15 s): the default suite keeps reverse mode and the many-color Hessian
+@pytest.mark.parametrize("case", ["reverse", pytest.param("forward", marks=pytest.mark.slow),
+                                  pytest.param("hessian", marks=pytest.mark.slow), "hessian_many_colors"])
 def test_first_call_in_a_fresh_process_needs_neither_torch_func_nor_sympy(case, tmp_path):
     """Forward mode is the exception: PyTorch's forward AD runs Python reference kernels whose
     first call imports torch._dynamo, so its first call is just right."""

@@ -64,8 +64,9 @@ def _captured():
     return lambda x: torch.tanh(x * W)[1:] - x[:-1] ** 3
 
 
-# Every case runs Inductor (seconds each): the default suite keeps the reverse-mode stencil and the
-# forward-mode Brusselator (with its fused gather), the rest run under -m slow.
+# Every case runs Inductor (seconds each): the default suite keeps the reverse-mode stencil (Inductor's
+# artifacts) and the forward-mode Brusselator (with its fused gather, as an AOTInductor package), the
+# rest run under -m slow.
 _SLOW = pytest.mark.slow
 JACOBIANS = [pytest.param("stencil", _stencil, "forward", id="stencil", marks=_SLOW),
              pytest.param("stencil-rev", _stencil, "reverse", id="stencil-rev"),
@@ -73,10 +74,9 @@ JACOBIANS = [pytest.param("stencil", _stencil, "forward", id="stencil", marks=_S
              pytest.param("padded-rev", _padded, "reverse", id="padded-rev", marks=_SLOW),
              pytest.param("softmax-cumsum", _softmax_cumsum, "forward", id="softmax-cumsum", marks=_SLOW),
              pytest.param("captured", _captured(), "forward", id="captured", marks=_SLOW),
-             pytest.param("brusselator", brusselator(6), "forward", id="brusselator")]
+             pytest.param("brusselator", brusselator(6), "forward", id="brusselator", marks=AOTI)]
 
 
-@AOTI
 @pytest.mark.parametrize("name,f,mode", JACOBIANS)
 def test_compiled_jacobians_equal_dense_ad(name, f, mode):
     x = torch.randn(72 if name == "brusselator" else 36, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -282,7 +282,7 @@ def test_a_corrupt_artifact_is_compiled_again(private_cache, damage):
     assert compile_cache.compile_graph(gm, inputs).source == "loaded"  # replaced by a good one
 
 
-@pytest.mark.parametrize("fmt", ["inductor", pytest.param("aoti", marks=AOTI)])
+@pytest.mark.parametrize("fmt", ["inductor", pytest.param("aoti", marks=[AOTI, _SLOW])])
 def test_an_artifact_computing_something_else_is_not_served(private_cache, monkeypatch, fmt):
     gm, inputs = _graph(scale=0.5)
     stored = compile_cache.compile_graph(gm, inputs).path
@@ -476,7 +476,9 @@ _CHILD = textwrap.dedent("""
     import torch
     import asd
     from asd.problems import brusselator, brusselator_input
+    from asd.backends import compile_cache
     from asd.backends.compile_cache import STATS
+    compile_cache.AOTI = sys.argv[1] == "aoti"
     f, x = brusselator(5), brusselator_input(5)
     op = asd.prepare_jacobian(f, x, compile=True)
     values = op.values(x)
@@ -487,11 +489,14 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def test_a_second_process_loads_what_the_first_compiled(tmp_path):
+# the CPU default (AOTInductor packages, about 15 s of g++ per graph) under -m slow; test_artifacts_are_
+# saved_loaded_and_checked loads a package
+@pytest.mark.parametrize("fmt", ["inductor", pytest.param("aoti", marks=_SLOW)])
+def test_a_second_process_loads_what_the_first_compiled(tmp_path, fmt):
     env = dict(os.environ, ASD_CACHE_DIR=str(tmp_path / "shared"), PYTHONPATH=ROOT)
     runs = []
     for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=600)
+        out = subprocess.run([sys.executable, "-c", _CHILD, fmt], env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-2000:]
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert runs[0]["source"] == "compiled" and runs[0]["stats"]["compiled"] == 1

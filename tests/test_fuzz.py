@@ -833,12 +833,7 @@ AD_GAP_EXAMPLES: tuple[tuple[str, Example], ...] = (
     ("cdist_p1", Example(("cdist_p1",), 12, Jacobian("reverse", "natural", None, False, False), 0)),
 )
 
-KNOWN_FAILURES: tuple[KnownFailure, ...] = (
-    KnownFailure("sparse_matvec_inline", "asd bug: a sparse constant built inside f with "
-                 "torch.sparse_coo_tensor(..., check_invariants=True) crashes detection (global and local) with "
-                 "PyTorch's 'data is not allocated yet' RuntimeError; torch.autograd is fine",
-                 Example(("sparse_matvec_inline", "sin"), 4, Jacobian("reverse", "natural", None, False, None), 0)),
-)
+KNOWN_FAILURES: tuple[KnownFailure, ...] = ()
 
 
 # -- strategies and tests ----------------------------------------------------------------------
@@ -934,6 +929,12 @@ REGRESSIONS: tuple[tuple[str, Example], ...] = (
     ("cumprod_reverse_over_forward", Example(("sparse_matvec", "relu", "cumprod_flip"), 12,
                                              Hessian("sum", None, "reverse_over_forward", "natural", None, False, False),
                                              49997)),
+    # a sparse constant built inside f with torch.sparse_coo_tensor(..., check_invariants=True): PyTorch's
+    # check read the traced indices' memory (they have none) and detection crashed
+    ("sparse_constant_checked_inside_f", Example(("sparse_matvec_inline", "sin"), 4,
+                                                 Jacobian("reverse", "natural", None, False, None), 0)),
+    ("sparse_constant_checked_inside_f_local", Example(("sparse_matvec_inline", "sin"), 4,
+                                                       Jacobian("reverse", "natural", None, True, None), 0)),
 )
 
 

@@ -13,7 +13,7 @@ from ..errors import InputError
 from ..patterns import SparsityPattern
 from . import sets as S
 from ._core import TracedTensor
-from .torch_tracer import TraceInfo, Tracer
+from .torch_tracer import TraceInfo, Tracer, traced_call
 
 __all__ = ["TraceInfo", "check_input", "jacobian_pattern", "jacobian_sparsity", "output_sets", "pattern_of_sets",
            "traced_sets"]
@@ -94,12 +94,15 @@ def trace_inputs(f: Callable, xs: tuple, selected: tuple[int, ...], *, local: bo
     sizes = [xs[i].numel() for i in selected]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
     n = int(offsets[-1])
-    tracer = tracer_cls(n, local=local, strict=strict, device=xs[selected[0]].device if selected else None)
-    args = list(xs)
-    with tracer:
+    device = xs[selected[0]].device if selected else None
+
+    def run(tracer):
+        args = list(xs)
         for k, i in enumerate(selected):
             args[i] = tracer.input(xs[i], _column_block(xs[i].numel(), int(offsets[k]), n))
-        out = f(*args)
+        return f(*args)
+
+    out, tracer = traced_call(lambda: tracer_cls(n, local=local, strict=strict, device=device), run)
     return out, tracer, offsets
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from torch.utils._mode_utils import no_dispatch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch._decomp import decomposition_table
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
@@ -616,6 +617,33 @@ class _Mode(TorchDispatchMode):
         return self.tracer.dispatch(func, args, kwargs or {})
 
 
+_SPARSE_CONSTRUCTORS = frozenset({torch.sparse_coo_tensor, torch.sparse_csr_tensor, torch.sparse_csc_tensor,
+                                  torch.sparse_bsr_tensor, torch.sparse_bsc_tensor, torch.sparse_compressed_tensor})
+
+
+class _Factories(TorchFunctionMode):
+    """Sparse constructors, which no tensor argument's ``__torch_function__`` sees (factories):
+    PyTorch's invariant check (``check_invariants=True``) reads the indices through data pointers,
+    which a traced tensor has none of. The traced call skips it; it runs on the primals instead
+    where their values are known (under global tracing, evaluation runs the user's own check)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in _SPARSE_CONSTRUCTORS:
+            return func(*args, **kwargs)
+        check = kwargs.get("check_invariants")
+        if check is None:
+            check = torch.sparse.check_sparse_tensor_invariants.is_enabled()
+        if check:
+            flat, spec = tree_flatten((args, kwargs))
+            primals = [t.primal if isinstance(t, TracedTensor) else t for t in flat]
+            if not any(isinstance(t, torch.Tensor) and t.is_meta for t in primals):
+                pargs, pkwargs = tree_unflatten(primals, spec)
+                with _disable_current_modes(), torch._C.DisableTorchFunctionSubclass():
+                    func(*pargs, **dict(pkwargs, check_invariants=True))
+        return func(*args, **dict(kwargs, check_invariants=False))
+
+
 @dataclass(frozen=True)
 class TraceInfo:
     """What a finished trace saw of the traced function, beyond its pattern.
@@ -674,6 +702,9 @@ class Tracer:
     #: a dependency that is absent around the point (``relu`` below its kink, a constant zero factor)
     #: is dropped by both
     drops_vanishing: bool = True
+    #: whether the trace intercepts sparse constructors (:class:`_Factories`): a mode on every torch
+    #: call, so only on the second try of a trace whose first read a traced tensor's memory
+    sees_factories: bool = False
 
     def __init__(self, n: int, *, local: bool, strict: bool = False, device=None):
         self.n = n
@@ -709,6 +740,9 @@ class Tracer:
         self._grad.__enter__()
         self._mode = _Mode(self)
         self._mode.__enter__()
+        self._factories = _Factories() if self.sees_factories else None
+        if self._factories is not None:
+            self._factories.__enter__()
         push_tracer(self)
         return self
 
@@ -716,6 +750,8 @@ class Tracer:
         pop_tracer(self)
         # the mode holds the tracer: dropped here, so that the trace's index sets (tens of MB at 10^6
         # inputs) are freed with the tracer, not when the garbage collector finds the cycle
+        if self._factories is not None:
+            self._factories.__exit__(*exc)
         mode, self._mode = self._mode, None
         mode.__exit__(*exc)
         self._grad.__exit__(*exc)
@@ -1112,7 +1148,24 @@ def trace(f: Callable, x: torch.Tensor, *, local: bool, strict: bool = False,
           tracer_cls: type[Tracer] = Tracer) -> tuple[Any, Tracer]:
     """Run ``f`` on a traced stand-in of ``x`` under a ``tracer_cls``; returns ``f``'s output and
     the tracer."""
-    tracer = tracer_cls(x.numel(), local=local, strict=strict, device=x.device)
-    with tracer:
-        out = f(tracer.input(x))
-    return out, tracer
+    return traced_call(lambda: tracer_cls(x.numel(), local=local, strict=strict, device=x.device),
+                       lambda tracer: f(tracer.input(x)))
+
+
+def traced_call(make: Callable[[], Tracer], run: Callable[[Tracer], Any]) -> tuple[Any, Tracer]:
+    """``run(tracer)`` inside a fresh tracer from ``make()``; returns its output and the tracer.
+    Where PyTorch read a traced tensor's memory (it has none), as a sparse constructor's invariant
+    check does, the call is traced again with :attr:`Tracer.sees_factories` set."""
+    for sees_factories in (False, True):
+        tracer = make()
+        tracer.sees_factories = sees_factories
+        try:
+            with tracer:
+                out = run(tracer)
+        except RuntimeError as e:
+            text = str(e)
+            if sees_factories or not ("data is not allocated yet" in text or "doesn't have storage" in text):
+                raise
+            continue
+        return out, tracer
+    raise AssertionError("unreachable")

@@ -1,0 +1,55 @@
+"""Defects found in session 32's reviews, each with the example that showed it."""
+
+import pytest
+import torch
+
+import asd
+
+
+# -- sparse constants built inside f with PyTorch's invariant check ----------------------------------
+
+def _checked_constants(t, layout):
+    n = t.numel()
+    i = torch.arange(n)
+    vals = torch.linspace(1.0, 2.0, n, dtype=t.dtype)
+    if layout == "coo":
+        A = torch.sparse_coo_tensor(torch.stack([i, (i + 1) % n]), vals, (n, n), check_invariants=True)
+    else:
+        A = torch.sparse_csr_tensor(torch.arange(n + 1), (i + 2) % n, vals, (n, n), check_invariants=True)
+    return torch.sparse.mm(A, t.unsqueeze(1)).squeeze(1)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("local", [False, True])
+def test_a_sparse_constant_checked_inside_f_is_traced(layout, local):
+    """PyTorch's check reads the indices' memory, which a traced tensor has none of: detection used
+    to crash ('data is not allocated yet')."""
+    x = torch.rand(6, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) + 0.5
+    f = lambda t: torch.sin(_checked_constants(t, layout)) * t  # noqa: E731
+    D = torch.autograd.functional.jacobian(f, x)
+    P = asd.jacobian_sparsity(f, x, local=local).toarray()
+    assert not ((D != 0).numpy() & ~P).any()
+    assert P.sum() == 12  # exact: the diagonal and one shifted diagonal
+    torch.testing.assert_close(asd.sparse_jacobian(f, x, local=local).to_dense(), D)
+    h = lambda t: (_checked_constants(t, layout) ** 2 * t).sum()  # noqa: E731
+    torch.testing.assert_close(asd.sparse_hessian(h, x, local=local).to_dense(),
+                               torch.autograd.functional.hessian(h, x))
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("local", [False, True])
+def test_a_checked_sparse_constant_with_bad_indices_still_raises_pytorchs_error(local):
+    x = torch.rand(4, dtype=torch.float64)
+
+    def f(t):
+        i = torch.tensor([[0, 7], [0, 1]])
+        return torch.sparse.mm(torch.sparse_coo_tensor(i, torch.ones(2, dtype=t.dtype), (4, 4), check_invariants=True),
+                               t.unsqueeze(1))
+
+    with pytest.raises(RuntimeError, match="inconsistent with indices"):
+        asd.jacobian_sparsity(f, x, local=local)
+    g = lambda t: torch.sparse.mm(torch.sparse_coo_tensor(  # noqa: E731
+        torch.tensor([[0, 7], [0, 1]]), torch.ones(2, dtype=t.dtype), (4, 4)), t.unsqueeze(1))
+    with torch.sparse.check_sparse_tensor_invariants(), pytest.raises(RuntimeError, match="inconsistent with indices"):
+        asd.jacobian_sparsity(g, x, local=local)

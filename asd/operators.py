@@ -374,6 +374,7 @@ class _SparseOperator:
         self.last_check: CheckReport | None = None
         self._user_backend = backend is not None  # a backend the user chose is never replaced
         self._settled = self._user_backend  # the strategy has evaluated once
+        batch_size = check_batch_size(batch_size)  # a numpy integer as a plain int
         if batch_size == "auto":
             m, n = coloring.shape
             batch_size = auto_batch_size(coloring.ncolors, n, m, x.element_size(), x.device)

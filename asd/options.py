@@ -3,6 +3,8 @@ and the fix, raised before any work is done."""
 
 from __future__ import annotations
 
+import numbers
+
 from .errors import InputError
 
 __all__ = ["check_bool", "check_batch_size", "check_choice", "check_seed", "check_compile", "COMPILE_MODES"]
@@ -18,10 +20,10 @@ def check_bool(name: str, value) -> bool:
 def check_batch_size(value) -> int | None:
     if value is None or value == "auto":
         return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise InputError(f"batch_size must be a positive integer (colors per batched call), 'auto' or None, "
                          f"got {value!r}")
-    return value
+    return int(value)
 
 
 def check_choice(name: str, value, choices) -> str:

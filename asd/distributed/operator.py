@@ -230,7 +230,7 @@ class DistributedOperator:
         check_input(x)
         rank, world, src = _group_info(group)
         check_choice("output", output, tuple(OUTPUTS))
-        check_batch_size(batch_size)
+        batch_size = check_batch_size(batch_size)
         check_compile(compile)
         check_context(x)
         if not isinstance(args, tuple):

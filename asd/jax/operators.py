@@ -8,6 +8,7 @@ of an acyclic coloring) fused in. Calling the operator runs only that function.
 
 from __future__ import annotations
 
+import numbers
 import time
 from typing import Callable
 
@@ -38,10 +39,12 @@ def _device_of(x):
     return next(iter(devs())) if callable(devs) else jax.devices()[0]
 
 
-def _check_batch_size(batch_size) -> None:
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                   or batch_size < 1):
+def _check_batch_size(batch_size) -> int | None:
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    return int(batch_size)
 
 
 class _SparseOperator:
@@ -236,7 +239,7 @@ class SparseJacobian(_SparseOperator):
             raise InputError(f"mode must be one of {MODES}, got {mode!r}")
         if coloring is not None and coloring not in JACOBIAN_COLORINGS:
             raise InputError(f"a Jacobian coloring must be one of {JACOBIAN_COLORINGS}, got {coloring!r}")
-        _check_batch_size(batch_size)
+        batch_size = _check_batch_size(batch_size)
         x = jnp.asarray(x)
         y = jax.eval_shape(f, x)
         if not hasattr(y, "shape"):
@@ -356,7 +359,7 @@ class SparseHessian(_SparseOperator):
         self._bind(f, x)
         if coloring is not None and coloring not in HESSIAN_COLORINGS:
             raise InputError(f"a Hessian coloring must be one of {HESSIAN_COLORINGS}, got {coloring!r}")
-        _check_batch_size(batch_size)
+        batch_size = _check_batch_size(batch_size)
         x = jnp.asarray(x)
         n = x.size
 

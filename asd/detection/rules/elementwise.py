@@ -265,7 +265,7 @@ ZERO = aten_ops(
     "empty_like", "rand_like", "randn_like", "randint_like", "new_zeros", "new_ones", "new_full",
     "new_empty", "new_empty_strided", "empty_strided", "bernoulli", "bernoulli_", "uniform_",
     "normal_", "random_", "exponential_", "geometric_", "log_normal_",
-    "is_same_size", "_is_all_true", "_is_any_true", "allclose", "isclose",
+    "is_same_size", "is_pinned", "_is_all_true", "_is_any_true", "allclose", "isclose",
     "unique_consecutive", "_unique2", "unique_dim", "detach_", "cauchy_",
 )
 

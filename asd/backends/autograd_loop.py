@@ -6,7 +6,8 @@ captured buffers. Reverse products share one forward pass (one graph, one ``auto
 seed); forward products use dual numbers, each with the same random-number state, so a
 function that draws random numbers sees the same draws in every product, as in one evaluation.
 Hessian-vector products differentiate the gradient's graph again (double backward). The values
-it returns are not differentiable with respect to ``x``.
+it returns are not differentiable with respect to ``x``; they are with respect to the tensors ``f``
+reads that require grad (its parameters), where gradients are recorded.
 """
 
 from __future__ import annotations
@@ -54,17 +55,18 @@ class AutogradLoop(Backend):
 
     def compute(self, state: LoopState, x: torch.Tensor) -> torch.Tensor:
         x = x.detach()
+        recording = torch.is_grad_enabled()
         parts = []
         for block in state.blocks:
             S = _rows(block)
             if S.shape[0] == 0:
                 continue
             if state.hessian:
-                parts.append(self._hvps(state.g, x, S))
+                parts.append(self._hvps(state.g, x, S, recording))
             elif isinstance(block, ColumnSeeds):
                 parts.append(self._jvps(state.g, x, S, state.m))
             else:
-                parts.append(self._vjps(state.g, x, S, state.m))
+                parts.append(self._vjps(state.g, x, S, state.m, recording))
         if not parts:
             return x.new_zeros(0)
         if len(parts) == 1:  # a fresh tensor of its own: no second copy (tens of MB at 10^6 unknowns)
@@ -72,11 +74,12 @@ class AutogradLoop(Backend):
         return torch.cat([p.reshape(-1) for p in parts])
 
     @staticmethod
-    def _vjps(g, x, S, m) -> torch.Tensor:
+    def _vjps(g, x, S, m, recording: bool = False) -> torch.Tensor:
         with torch.enable_grad():
             xr = x.clone().requires_grad_(True)
             y = g(xr)
             check_output_size(y.numel(), m)
+            create_graph = recording and reads_parameters(y, xr)
             out = []
             for s in S:
                 # a scalar's gradient instead of grad_outputs=s (the same bits: the backward of the
@@ -84,9 +87,11 @@ class AutogradLoop(Backend):
                 # imports sympy, 0.45 s of cold start
                 s = s.to(y.dtype)
                 if y.is_complex():  # a complex scalar has no implicit gradient
-                    (gx,) = torch.autograd.grad(y, xr, s, retain_graph=True, allow_unused=True)
+                    (gx,) = torch.autograd.grad(y, xr, s, retain_graph=True, create_graph=create_graph,
+                                                allow_unused=True)
                 else:
-                    (gx,) = torch.autograd.grad((y * s).sum(), xr, retain_graph=True, allow_unused=True)
+                    (gx,) = torch.autograd.grad((y * s).sum(), xr, retain_graph=True, create_graph=create_graph,
+                                                allow_unused=True)
                 out.append(torch.zeros_like(x) if gx is None else gx)
         return torch.stack(out)
 
@@ -104,15 +109,36 @@ class AutogradLoop(Backend):
         return torch.stack(out)
 
     @staticmethod
-    def _hvps(g, x, S) -> torch.Tensor:
+    def _hvps(g, x, S, recording: bool = False) -> torch.Tensor:
         with torch.enable_grad():
             xr = x.clone().requires_grad_(True)
-            (gr,) = torch.autograd.grad(g(xr), xr, create_graph=True)
+            y = g(xr)
+            create_graph = recording and reads_parameters(y, xr)
+            (gr,) = torch.autograd.grad(y, xr, create_graph=True)
             out = []
             for s in S:
                 if not gr.requires_grad:  # the gradient does not depend on x: a zero Hessian
                     out.append(torch.zeros_like(x))
                     continue
-                (hv,) = torch.autograd.grad((gr * s).sum(), xr, retain_graph=True, allow_unused=True)
+                (hv,) = torch.autograd.grad((gr * s).sum(), xr, retain_graph=True, create_graph=create_graph,
+                                            allow_unused=True)
                 out.append(torch.zeros_like(x) if hv is None else hv)
         return torch.stack(out)
+
+
+def reads_parameters(y: torch.Tensor, xr: torch.Tensor) -> bool:
+    """Whether ``y``'s graph reaches a tensor that requires grad other than the leaf ``xr``: a
+    parameter of ``f``, whose gradient the products must then record (``create_graph``)."""
+    fn = y.grad_fn
+    if fn is None:
+        return y.requires_grad and y is not xr
+    seen, stack = {fn}, [fn]
+    while stack:
+        node = stack.pop()
+        if getattr(node, "variable", xr) is not xr:  # AccumulateGrad of another leaf
+            return True
+        for nxt, _ in node.next_functions:
+            if nxt is not None and nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return False

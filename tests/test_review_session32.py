@@ -96,3 +96,118 @@ def test_jax_numpy_integer_batch_size_and_verify_of_a_custom_vjp_function():
     assert report.ok
     missing = aj.verify(lambda z: g(z) * z[::-1], x, pattern=aj.jacobian_sparsity(lambda z: g(z), x))
     assert not missing.ok
+
+
+# -- gradients with respect to f's parameters through eager warm-up products -------------------------
+
+def _param_problem():
+    gen = torch.Generator().manual_seed(4)
+    p = torch.rand(11, dtype=torch.float64, generator=gen).requires_grad_(True)
+    x = torch.rand(12, dtype=torch.float64, generator=gen)
+    F = lambda z: p * z[1:] * torch.sin(z[:-1])  # noqa: E731
+    h = lambda z: (p * torch.sin(z[:-1]) * z[1:] ** 2).sum() + (z ** 3).sum()  # noqa: E731
+    return p, x, F, h
+
+
+def _grad_of(M, p):
+    weights = torch.linspace(1.0, 2.0, M.numel(), dtype=M.dtype).reshape(M.shape)
+    (g,) = torch.autograd.grad((M ** 2 * weights).sum(), p)
+    return g
+
+
+@pytest.mark.parametrize("kind,options", [
+    ("jacobian", dict(mode="forward", backend="loop")), ("jacobian", dict(mode="reverse", backend="loop")),
+    ("hessian", dict(backend="loop")), ("hessian", {}), ("hessian", dict(coloring="acyclic")),
+    ("hessian", dict(local=True)), ("hessian", dict(pattern="detected")),
+])
+def test_values_record_the_gradient_of_fs_parameters_from_the_first_call(kind, options):
+    """Few-color Hessians (and every operator in a process where torch.func is cold) evaluate with
+    plain autograd first: its products came without the parameters' gradient, so a loss on the
+    returned values had a silently wrong gradient (``local=True`` and ``pattern=`` on every call)."""
+    from asd.backends.autograd_loop import AutogradLoop
+
+    p, x, F, h = _param_problem()
+    f = F if kind == "jacobian" else h
+    ref = torch.func.jacrev(F)(x) if kind == "jacobian" else torch.func.hessian(h)(x)
+    options = dict(options)
+    if options.get("backend") == "loop":
+        options["backend"] = AutogradLoop()
+    if options.get("pattern") == "detected":
+        options["pattern"] = (asd.jacobian_sparsity if kind == "jacobian" else asd.hessian_sparsity)(f, x)
+    prepare = asd.prepare_jacobian if kind == "jacobian" else asd.prepare_hessian
+    op = prepare(f, x, **options)
+    expected = _grad_of(ref, p)
+    for _ in range(3):
+        M = op(x).to_dense()
+        torch.testing.assert_close(M.detach(), ref.detach())
+        assert M.requires_grad
+        torch.testing.assert_close(_grad_of(M, p), expected)
+    with torch.no_grad():
+        assert not op(x).values().requires_grad
+
+
+def test_one_off_hessians_record_the_gradient_of_fs_parameters():
+    p, x, _, h = _param_problem()
+    expected = _grad_of(torch.func.hessian(h)(x), p)
+    torch.testing.assert_close(_grad_of(asd.sparse_hessian(h, x).to_dense(), p), expected)
+    _, _, H = asd.gradient_and_hessian(h, x)
+    torch.testing.assert_close(_grad_of(H.to_dense(), p), expected)
+
+
+# -- writes through complex views --------------------------------------------------------------------
+
+def _component_writes():
+    def imag_zeroed(x):
+        z = torch.view_as_complex(x.reshape(-1, 2)) ** 2
+        z.imag.zero_()
+        return z.abs()
+
+    def pair_slot_set(x):
+        z = torch.view_as_complex(x.reshape(-1, 2)) ** 2
+        torch.view_as_real(z)[:, 1] = 0.0
+        return z.abs()
+
+    def imag_copied(x):
+        z = torch.view_as_complex(x.reshape(-1, 2)) ** 2
+        z.imag.copy_(x[::2].flip(0))
+        return z.abs()
+
+    def real_assigned(x):
+        z = torch.view_as_complex(x.reshape(-1, 2)) ** 2
+        z.real = x[::2] ** 3
+        return torch.view_as_real(z).reshape(-1)
+
+    def rotated_through_complex_view(x):
+        y = x.clone()
+        torch.view_as_complex(y.reshape(-1, 2)).mul_(1j)
+        return y * x.flip(0)
+
+    return [imag_zeroed, pair_slot_set, imag_copied, real_assigned, rotated_through_complex_view]
+
+
+@pytest.mark.parametrize("f", _component_writes(), ids=lambda f: f.__name__)
+@pytest.mark.parametrize("local", [False, True])
+def test_writes_through_complex_views_keep_every_dependency(f, local):
+    """A write into one component (``z.imag``, a slot of ``view_as_real``) replaced the sets of the
+    whole complex element, and a write through ``view_as_complex`` did not reach the real tensor:
+    silently wrong Jacobians and a non-symmetric Hessian."""
+    x = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    D = torch.func.jacrev(f)(x)
+    P = asd.jacobian_sparsity(f, x, local=local).toarray()
+    assert not ((D != 0).numpy() & ~P).any()
+    torch.testing.assert_close(asd.sparse_jacobian(f, x, local=local).to_dense(), D)
+    h = lambda z: (f(z) ** 2).sum()  # noqa: E731
+    torch.testing.assert_close(asd.sparse_hessian(h, x, local=local).to_dense(), torch.func.hessian(h)(x))
+
+
+def test_a_write_into_a_real_tensor_behind_a_live_complex_view_is_refused():
+    def f(x):
+        y = x.clone()
+        z = torch.view_as_complex(y.reshape(-1, 2))
+        y.mul_(x.flip(0))
+        return torch.view_as_real(z * 2).reshape(-1)
+
+    x = torch.randn(6, dtype=torch.float64)
+    for local in (False, True):
+        with pytest.raises(asd.TracingError, match="view_as_complex"):
+            asd.jacobian_sparsity(f, x, local=local)

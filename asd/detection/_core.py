@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -96,7 +97,7 @@ def window_positions(bound: dict, x: torch.Tensor) -> np.ndarray:
 class Storage:
     """Index sets (and the primal base tensor) shared by a base tensor and all its views."""
 
-    __slots__ = ("primal", "_sets", "_pending", "epoch", "read_only", "geometry")
+    __slots__ = ("primal", "_sets", "_pending", "epoch", "read_only", "geometry", "complex_aliases", "complex_base")
 
     def __init__(self, primal: torch.Tensor, sets: "sp.csr_matrix | S.PendingUnion"):
         self.primal = primal
@@ -106,6 +107,12 @@ class Storage:
             self._sets, self._pending = sets, None
         self.epoch = 0
         self.read_only: str | None = None  # why writes into it cannot be traced
+        #: the tensors ``view_as_complex`` made of it (copies here, aliases in PyTorch): while one
+        #: lives, a write into this storage cannot be followed into it
+        self.complex_aliases: "weakref.WeakSet | None" = None
+        #: for the storage ``view_as_complex`` made: the real tensor it views, which a write into
+        #: this storage also writes
+        self.complex_base: "TracedTensor | None" = None
         # the layout whose elements (row-major) the rows of ``sets`` are, and its element size: fixed
         # here, as an in-place view op (t_, as_strided_) on the owning tensor changes its primal's
         self.geometry = (tuple(primal.shape), tuple(primal.stride()), primal.storage_offset(), primal.element_size())
@@ -164,6 +171,9 @@ class TracedTensor(torch.Tensor):
     _primal: torch.Tensor
     #: an alias made by ``detach()`` (or a view of one): writes through it are untracked by autograd
     _detached: bool = False
+    #: a real view of one component of complex elements (``view_as_real``, ``.real``, ``.imag``, or a
+    #: view of one): a write into it replaces that component only, the storage row keeps the rest
+    _component: bool = False
     #: ``(storage sets, this view's sets)``: the rows of a view, taken again only once the storage's
     #: set matrix has been replaced (a write)
     _sets_cache: tuple | None = None

@@ -998,6 +998,10 @@ class Tracer:
             targets = target if isinstance(target, (list, tuple)) else [target]
             for t in targets:
                 if isinstance(t, TracedTensor):
+                    if t._storage.complex_aliases:
+                        raise TracingError(_COMPLEX_ALIAS)
+                    if any_meta and t._storage.complex_base is not None:
+                        t._storage.complex_base._storage.make_meta()
                     if any(t._storage is s for s in self._input_storages):
                         self.writes_input = True
                     if any_meta:
@@ -1044,6 +1048,10 @@ class Tracer:
                     # also with recording off (a no_grad region, an autograd.Function's forward): the
                     # written sets are what reverse mode sees wherever the result is tracked
                     self._write(target, s)
+                    real = target._storage.complex_base
+                    if real is not None:  # through view_as_complex: each real pair gets its element's sets
+                        z = target._storage
+                        self._write(real, S.take_rows(z.sets, np.repeat(np.arange(z.rows, dtype=np.int64), 2)))
                 elif s is not None and s.nnz:
                     # through a detached alias autograd does not see the write: the tensor behind it
                     # keeps the dependencies it had, as reverse mode sees them
@@ -1062,6 +1070,15 @@ class Tracer:
             wrapped = [self.wrap(t, s) for t, s in zip(call.outs, out_sets)]
         else:
             wrapped = [self._view(base, t, ids) for t, ids in zip(call.outs, ids_list)]
+        if func in _COMPONENT_VIEWS and base.is_complex():
+            wrapped[0]._component = True
+        elif func is aten.view_as_complex.default and isinstance(wrapped[0], TracedTensor):
+            # a copy of index sets where PyTorch aliases memory: a write into the copy is written
+            # into the real tensor as well; one into the real tensor while the copy lives is refused
+            wrapped[0]._storage.complex_base = base
+            if base._storage.complex_aliases is None:
+                base._storage.complex_aliases = weakref.WeakSet()
+            base._storage.complex_aliases.add(wrapped[0])
         if isinstance(pout, (list, tuple)):
             return type(pout)(wrapped)
         return wrapped[0]
@@ -1104,12 +1121,22 @@ class Tracer:
             idx = None
         view = TracedTensor(storage, primal, idx, self.device)
         view._detached = base._detached
+        view._component = base._component
         return view
 
     def _write(self, target: TracedTensor, new_sets: sp.csr_matrix | None) -> None:
         storage = target._storage
         if new_sets is None:
             new_sets = S.empty(target.numel(), self.n)
+        if target._component:  # one component of complex elements: each row keeps the other's sets
+            rows = storage.sets.shape[0]
+            idx = np.arange(rows, dtype=np.int64) if target._idx is None else target._idx
+            k = len(idx)
+            storage.sets = S.gather_union(S.vstack([storage.sets, new_sets]),
+                                          np.concatenate([np.arange(rows, dtype=np.int64), idx]),
+                                          np.concatenate([np.arange(rows, dtype=np.int64),
+                                                          rows + np.arange(k, dtype=np.int64)]), rows)
+            return
         if target._idx is None:
             storage.sets = new_sets
             return
@@ -1118,6 +1145,11 @@ class Tracer:
         mapping[target._idx] = rows + np.arange(len(target._idx), dtype=np.int64)
         storage.sets = S.take_rows(S.vstack([storage.sets, new_sets]), mapping)
 
+
+_COMPONENT_VIEWS = frozenset({aten.view_as_real.default, aten.real.default, aten.imag.default})
+_COMPLEX_ALIAS = ("a write into a real tensor while a torch.view_as_complex view of it is alive cannot be "
+                  "traced (asd follows that view as a copy): take the complex view of a clone, "
+                  "torch.view_as_complex(y.clone()), or write through the complex view instead")
 
 # Whether a read-only element map owning its data (the memoized ids of a view op, shared by every
 # trace that makes the same view) is the identity, by the array's id, with a weak reference to the array: the entry

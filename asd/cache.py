@@ -41,6 +41,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ._fork import after_fork_in_child
+
 __all__ = ["PatternCache", "CACHE", "cache_key", "fingerprint", "value_fingerprint", "ValueGuard"]
 
 _MAX_DEPTH = 4
@@ -440,6 +442,13 @@ class PatternCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        _CACHES.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a free lock, and no entry that a parent's thread was still preparing
+        (nothing there would ever finish it)."""
+        self._lock = threading.Lock()
+        self._data = OrderedDict((k, e) for k, e in self._data.items() if e.ready.is_set())
 
     def get_or_create(self, key, f: Callable, create: Callable):
         """``(operator, hit)``: the cached operator for ``key`` when ``f`` and its fingerprint still
@@ -503,5 +512,8 @@ class PatternCache:
     def __len__(self) -> int:
         return len(self._data)
 
+
+_CACHES: "weakref.WeakSet[PatternCache]" = weakref.WeakSet()
+after_fork_in_child(lambda: [c._after_fork() for c in list(_CACHES)])
 
 CACHE = PatternCache()

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ._fork import fork_safe
 from .backends import HVP_BACKENDS, Backend, BatchedProducts, default_backend, flatten_function, scalar_function
 from .backends.hvp import ForwardOverReverseHVP, ReverseOverReverseHVP, value_grad_hvp
 from .coloring.choose import choose_hessian, choose_jacobian
@@ -53,7 +54,7 @@ CHECKS = (False, "first", True)
 
 # PyTorch's forward-AD levels are process-global: two threads inside forward-mode transforms at
 # once corrupt each other's tangents. Every evaluation runs under this lock.
-EVAL_LOCK = threading.RLock()
+EVAL_LOCK = fork_safe(threading.RLock())
 
 
 def _private(x: torch.Tensor) -> torch.Tensor:

@@ -211,3 +211,56 @@ def test_a_write_into_a_real_tensor_behind_a_live_complex_view_is_refused():
     for local in (False, True):
         with pytest.raises(asd.TracingError, match="view_as_complex"):
             asd.jacobian_sparsity(f, x, local=local)
+
+
+# -- a forked child -----------------------------------------------------------------------------------
+
+def _in_forked_child(target, timeout=60):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=lambda: q.put(target()))
+    p.start()
+    p.join(timeout)
+    if p.is_alive():
+        p.kill()
+        p.join()
+        raise AssertionError("the forked child hung")
+    assert p.exitcode == 0
+    return q.get(timeout=5)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_child_forked_while_another_thread_evaluates_is_not_blocked():
+    """A fork while another thread held the evaluation lock (or prepared a cached operator) gave
+    the child that lock held by a thread it does not have: every asd call there waited forever."""
+    import threading
+
+    from asd import operators as O
+    from asd.cache import CACHE
+
+    f = lambda z: z[1:] * torch.sin(z[:-1])  # noqa: E731
+    x = torch.rand(40, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    op = asd.prepare_jacobian(f, x)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with O.EVAL_LOCK:
+            CACHE.get_or_create(("session32", "in flight"), f, lambda: (held.set(), release.wait(60))[0])
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    assert held.wait(30)
+    try:
+        def child():
+            J = op(x).to_dense()
+            K = asd.sparse_jacobian(f, x).to_dense()
+            fresh, hit = CACHE.get_or_create(("session32", "in flight"), f, lambda: "made in the child")
+            return float((J - torch.func.jacrev(f)(x)).abs().max()), float((K - J).abs().max()), fresh
+
+        err, diff, fresh = _in_forked_child(child)
+    finally:
+        release.set()
+        t.join(30)
+    assert err == 0.0 and diff == 0.0 and fresh == "made in the child"

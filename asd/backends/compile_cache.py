@@ -43,14 +43,16 @@ from typing import Callable
 
 import torch
 
+from .._fork import fork_safe
+
 __all__ = ["compile_graph", "compile_products", "cache_dir", "graph_key", "tensor_layout", "Compiled", "STATS", "FORMAT"]
 
 #: bump when what is stored (or how it is called) changes
 FORMAT = 2
 #: compile to AOTInductor packages (False: Inductor's own artifacts only)
 AOTI = True
-_LOCK = threading.Lock()
-_COMPILE_LOCK = threading.RLock()
+_LOCK = fork_safe(threading.Lock())
+_COMPILE_LOCK = fork_safe(threading.RLock())
 
 
 @dataclass

@@ -13,6 +13,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from asd._fork import fork_safe
+
 from asd.coloring.check import check
 from asd.coloring.io import load, save
 from asd.coloring.orders import BEST_ORDERS, ORDERS, check_order
@@ -254,7 +256,7 @@ def _iterated_greedy(best, pattern, problem, seed, postprocess, rounds):
 MEMO_ENTRIES = 32
 MEMO_NNZ = 1 << 22
 _MEMO: "OrderedDict[tuple, tuple[SparsityPattern, Coloring]]" = OrderedDict()
-_MEMO_LOCK = threading.Lock()
+_MEMO_LOCK = fork_safe(threading.Lock())
 #: the derived structures a pattern computes once (cached properties), shared between equal patterns
 _DERIVED = ("transpose_with_positions", "rows", "is_symmetric", "fingerprint")
 

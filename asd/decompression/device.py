@@ -22,6 +22,7 @@ from functools import cached_property, singledispatch
 import numpy as np
 import torch
 
+from .._fork import fork_safe
 from ..errors import DecompressionError
 from .plans import DirectPlan, SubstitutionPlan
 
@@ -77,7 +78,7 @@ def _(plan: SubstitutionPlan, device) -> PreparedSubstitution:
 
 
 _PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
+_LOCK = fork_safe(threading.Lock())
 
 
 def prepared(plan, device):

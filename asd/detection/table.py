@@ -42,6 +42,8 @@ from typing import Callable, Iterable, Iterator, Union
 
 import torch
 
+from .._fork import fork_safe
+
 __all__ = ["INTERACTIONS", "RULES", "Rule", "SECOND_ORDER", "aten_ops", "inplace_twin", "lookup", "overloads_except",
            "recording_reached", "register_inplace_twins", "register_rule", "unreached"]
 
@@ -79,7 +81,7 @@ class Rule:
 
 
 RULES: dict[torch._ops.OpOverload, Rule] = {}
-_LOCK = threading.Lock()
+_LOCK = fork_safe(threading.Lock())
 
 
 def _overloads(op) -> list[torch._ops.OpOverload]:

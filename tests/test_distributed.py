@@ -348,3 +348,59 @@ def test_a_function_writing_into_its_input_in_a_process_group():
                 torch.testing.assert_close(J, torch.func.jacrev(lambda z: f(z.clone()))(x))
     finally:
         dist.destroy_process_group()
+
+
+def _misuse(rank: int, world: int, store: str) -> None:
+    """What one process checks is checked in a group too, and one rank's bad call raises on every rank
+    instead of leaving the others waiting (each of these returned a wrong matrix or hung)."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    _init(rank, world, store)
+    try:
+        x = torch.linspace(0.2, 1.4, 32, dtype=torch.float64)
+        roll = lambda z: z * z.roll(1)  # noqa: E731
+        for output in ("replicated", "root"):
+            op = asd.distributed.prepare_jacobian(roll, x, pattern=sp.eye(32, format="csr").astype(bool), output=output)
+            with pytest.raises(asd.CheckError):  # the given pattern misses the rolled neighbour
+                op(x)
+        with pytest.raises(asd.InputError, match="output='replicated'"):
+            asd.distributed.prepare_jacobian(roll, x, pattern=np.eye(32, dtype=bool), output="rows")
+
+        where = lambda z: torch.where(z > 0.5, z * z.roll(1), z)  # noqa: E731
+        op = asd.distributed.prepare_jacobian(where, x, local=True)
+        torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(where, x))
+        with pytest.raises(asd.CheckError):  # at another point the local pattern misses entries
+            op(x.flip(0))
+
+        shifted = lambda z, k: z * z.roll(k)  # noqa: E731
+        for output in OUTPUTS:
+            op = asd.distributed.prepare_jacobian(shifted, x, args=(1,), output=output)
+            if output == "rows":
+                with pytest.raises(asd.InputError, match="extra arguments"):
+                    op(x, 3)
+            else:
+                with pytest.raises(asd.CheckError):
+                    op(x, 3)
+            J = op(x, 1)  # the prepared arguments again: unchecked, right
+            if J is not None and output != "rows":
+                torch.testing.assert_close(J.to_dense(), _dense_jacobian(lambda z: shifted(z, 1), x))
+
+        op = asd.distributed.prepare_jacobian(roll, x)
+        # rank 1's shape is wrong: it says so, rank 0 hears of it
+        with pytest.raises(asd.InputError if rank == 1 else asd.AsdError, match="shape" if rank == 1 else r"\[1\]"):
+            op(x if rank == 0 else torch.ones(33, dtype=torch.float64))
+        with pytest.raises(asd.InputError, match="different x"):
+            op(x + rank)
+        torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(roll, x))  # and it works again
+
+        with pytest.raises(asd.InputError, match="same x"):
+            asd.distributed.prepare_jacobian(roll, x if rank == 0 else x[:-1])
+        with pytest.raises(asd.InputError, match="same x"):
+            asd.distributed.prepare_hessian(lambda z: (z ** 3).sum(), x + rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_misuse_in_a_process_group_raises_on_every_rank():
+    _spawn(_misuse, 2, timeout=180)

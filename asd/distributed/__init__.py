@@ -58,7 +58,12 @@ def prepare_jacobian(f: Callable, x: torch.Tensor, **options) -> DistributedJaco
         the default group), and the options of :class:`asd.SparseJacobian` except ``backend``,
         ``check`` and ``trace``: ``mode``, ``coloring``, ``order``, ``local``, ``strict`` and
         ``pattern`` are used on rank 0 to detect and color; ``batch_size``, ``compile``, ``args``
-        and ``kwargs`` on every rank.
+        and ``kwargs`` on every rank. As in one process, the values of an operator with
+        ``local=True`` or a given ``pattern``, and of a call with extra arguments other than the
+        prepared ones, are checked by a probe (:class:`asd.CheckError` on every rank where the
+        pattern does not hold); the probe needs the whole matrix on a rank, so ``output="rows"``
+        refuses them. A call whose ``x`` differs between ranks raises :class:`asd.InputError` on
+        every rank, as does one rank's bad input (the others raise :class:`asd.AsdError`).
 
     Raises
     ------

@@ -16,6 +16,7 @@ may round differently in the last bit).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import singledispatch
 from typing import Callable
@@ -32,7 +33,10 @@ from ..coloring.result import ColumnSeeds
 from ..decompression.device import Decompressor
 from ..decompression.plans import DirectPlan, SubstitutionPlan
 from ..detection.jacobian import check_input
-from ..errors import ADGapWarning, AsdError, InputError
+from .. import arg_values
+from ..cache import fingerprint
+from ..checks import probe
+from ..errors import ADGapWarning, AsdError, CheckError, InputError
 from ..guards import ModuleStateGuard
 from ..memory import auto_batch_size
 from ..operators import (_WRITES_ANYWAY, EVAL_LOCK, HVP_MODES, SparseHessian, SparseJacobian, _check_call_input,
@@ -127,10 +131,41 @@ def _broadcast_preparation(make: Callable, x: torch.Tensor, group, rank: int, sr
     if isinstance(box[0], str):
         raise PreparationFailed(f"rank 0 failed to prepare the operator: {box[0]}")
     prepared: _Prepared = box[0]
-    if prepared.shape != tuple(x.shape) or prepared.dtype != x.dtype:
+    own = prepared.shape == tuple(x.shape) and prepared.dtype == x.dtype
+    # every rank learns whether some rank's x differs (one raising alone would leave the others
+    # waiting in their first call's collective)
+    stamps = [None] * dist.get_world_size(group)
+    dist.all_gather_object(stamps, stamp(x, torch.float64) if own else None, group=group)
+    if not own:
         raise InputError(f"every rank must pass the same x: rank 0 has shape {prepared.shape} and dtype "
                          f"{prepared.dtype}, this rank {tuple(x.shape)} and {x.dtype}")
+    if any(s is None for s in stamps):
+        raise InputError(f"every rank must pass the same x: rank(s) {[r for r, s in enumerate(stamps) if s is None]} "
+                         "passed another shape or dtype (their own error is raised there)")
+    if len(set(stamps)) > 1:
+        raise InputError("every rank must pass the same x: the ranks' values differ")
     return prepared
+
+
+def _int_view(t: torch.Tensor) -> torch.Tensor:
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
+
+
+def stamp(x: torch.Tensor, dtype: torch.dtype) -> float:
+    """A number at least 1 that differs between different bit patterns of ``x`` but for chance
+    (about 2^-p, ``p`` the mantissa bits of ``dtype``, in which it is exact): what each rank sends
+    beside its products, to find ranks called with different inputs."""
+    flat = x.detach().reshape(-1)
+    if flat.is_complex():
+        flat = torch.view_as_real(flat).reshape(-1)
+    ints = _int_view(flat.contiguous()).to(torch.int64)
+    n = ints.numel()
+    w = (torch.arange(n, dtype=torch.int64, device=ints.device) * 40503 + 12345) % 32749 + 1
+    h = 0
+    for k in range(0, 8 * flat.element_size(), 16):  # 16-bit pieces: the sums stay far from overflow
+        h = h * 1000003 + int(((ints >> k) & 0xFFFF).mul_(w).sum())
+    bits = int(round(-math.log2(torch.finfo(dtype).eps)))
+    return float(h % (1 << bits) + 1)
 
 
 def _row_lengths(coloring) -> np.ndarray:
@@ -226,10 +261,14 @@ class DistributedOperator:
     _what = "this distributed operator"
 
     def __init__(self, f: Callable, x: torch.Tensor, make: Callable, flat: Callable, *, output: str, group,
-                 batch_size, compile: bool | str, args: tuple, kwargs: dict | None):
+                 batch_size, compile: bool | str, args: tuple, kwargs: dict | None, options: dict):
         check_input(x)
         rank, world, src = _group_info(group)
         check_choice("output", output, tuple(OUTPUTS))
+        self._always_checked = options.get("local", False) is True or options.get("pattern") is not None
+        if self._always_checked and output == "rows":
+            raise InputError("asd.distributed with local=True or a given pattern= checks every call's values with "
+                             "a probe, which needs the whole matrix on a rank: use output='replicated' or 'root'")
         batch_size = check_batch_size(batch_size)
         check_compile(compile)
         check_context(x)
@@ -244,6 +283,8 @@ class DistributedOperator:
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
         self._prepared_args = (args, dict(kwargs or {}))
         self._call_args = self._prepared_args
+        self._args_fingerprint = fingerprint(self._prepared_args)
+        self._args_snapshot = arg_values.snapshot(self._prepared_args)
         self._guard = ModuleStateGuard(f)
         g = flat(lambda z: f(z, *self._call_args[0], **self._call_args[1]), self.shape)
 
@@ -342,31 +383,80 @@ class DistributedOperator:
         rows :attr:`row_range`; ``"root"``: every value on rank 0, ``None`` elsewhere. ``args`` /
         ``kwargs`` replace ``f``'s extra arguments for this call.
         """
-        _check_call_input(x, self.shape, self.dtype, self.device, self._what)
-        failure = None
-        with EVAL_LOCK, self._guard.protect():
-            self._call_args = (tuple(args), dict(kwargs)) if args or kwargs else self._prepared_args
-            try:
+        failure, local, checked = None, None, False
+        try:  # a failure travels in the status slot: raised before the exchange, the others would wait forever
+            _check_call_input(x, self.shape, self.dtype, self.device, self._what)
+            pair = (tuple(args), dict(kwargs)) if args or kwargs else self._prepared_args
+            checked = self._checks(pair)
+            with EVAL_LOCK, self._guard.protect():
+                self._call_args = pair
                 local = self._local_products(x)
-            except Exception as exc:  # noqa: BLE001 - raised after the exchange, so no rank waits forever
-                failure = exc
-                local = x.new_zeros(self._shares.size(self.rank))
-        flag = x.new_ones(1) if failure is not None else x.new_zeros(1)
+        except Exception as exc:  # noqa: BLE001 - raised after the exchange, so no rank waits forever
+            failure = exc
+        if failure is not None:
+            local = torch.zeros(self._shares.size(self.rank), dtype=self.dtype, device=self.device)
+        # the status slot: -1 for a failure, else a stamp of x, the same on every rank called alike
+        flag = torch.full((1,), -1.0 if failure is not None else stamp(x, self.dtype), dtype=self.dtype,
+                          device=self.device)
         payload = torch.cat([local.detach().to(self.dtype), flag]).index_select(0, self._send)
         received, sent, got = _communicate(self._exchange, payload, self.group, self._src, self.rank,
                                            self.world_size)
         item = payload.element_size()
         self.last_call_bytes_sent, self.last_call_bytes_received = sent * item, got * item
         self.last_call_bytes = self.last_call_bytes_sent + self.last_call_bytes_received
-        if failure is not None:
-            raise failure
-        if received is None:
-            return None
-        failed = torch.nonzero(received.index_select(0, self._flags)).reshape(-1).tolist()
-        if failed:
-            raise AsdError(f"rank(s) {failed} of the group failed to evaluate their products (their own "
-                           "error is raised there)")
-        return self._finish(received.index_select(0, self._take))
+        values, error = None, failure
+        if failure is None and received is not None:
+            flags = received.index_select(0, self._flags)
+            failed = torch.nonzero(flags < 0).reshape(-1).tolist()
+            if failed:
+                error = AsdError(f"rank(s) {failed} of the group failed to evaluate their products (their own "
+                                 "error is raised there)")
+            elif bool((flags != flags[0]).any()):
+                error = InputError(f"{self._what} was called with different x on different ranks (a collective: "
+                                   "every rank must pass the same x); their products do not make one matrix")
+            else:
+                values = self._finish(received.index_select(0, self._take))
+        if checked:
+            error = self._verdict(x, values, error)
+        if error is not None:
+            raise error
+        return values
+
+    def _checks(self, pair: tuple) -> bool:
+        """Whether the probe checks this call: a pattern that holds at a point (``local=True``) or is
+        the user's, or extra arguments other than those the pattern was detected with (a pattern may
+        follow their structure or values), as in one process."""
+        if self._always_checked:
+            return True
+        if pair is self._prepared_args:
+            return False
+        return fingerprint(pair) != self._args_fingerprint or not arg_values.same(pair, self._args_snapshot)
+
+    def _verdict(self, x: torch.Tensor, values, error):
+        """The probe's verdict on this call's values (:func:`asd.checks.probe`), the same on every
+        rank: each rank of a replicated output probes the same values; rank 0 of a root output
+        probes and sends its verdict (a collective every rank joins)."""
+        verdict = error
+        if isinstance(self.output, Rows):
+            return error or InputError(
+                f"{self._what} was called with extra arguments other than the prepared ones, which may change "
+                "the pattern: their values are checked by a probe, which needs the whole matrix on a rank; use "
+                "output='replicated' or 'root', or prepare the operator with these arguments")
+        if error is None and values is not None:
+            try:
+                report = probe(self, x, values)
+                if not report.ok:
+                    verdict = CheckError(f"{self._what} failed its cross-mode check at this x ({report}): the "
+                                         "sparsity pattern does not hold here (local=True, a given pattern, or "
+                                         "extra arguments that change it); prepare the operator again")
+            except Exception as exc:  # noqa: BLE001 - told to the other ranks as a failed check
+                verdict = exc
+        if isinstance(self.output, Root):
+            box = [None if verdict is None else f"{type(verdict).__name__}: {verdict}"]
+            dist.broadcast_object_list(box, src=self._src, group=self.group)
+            if verdict is None and box[0] is not None:
+                verdict = CheckError(f"rank 0 could not vouch for this call's values: {box[0]}")
+        return verdict
 
     def _finish(self, assembled: torch.Tensor) -> torch.Tensor:
         if isinstance(self.coloring.plan, SubstitutionPlan):
@@ -417,7 +507,7 @@ class DistributedJacobian(DistributedOperator):
             return SparseJacobian(f, x, args=args, kwargs=kwargs, check=False, trace=False, **options)
 
         super().__init__(f, x, make, flatten_function, output=output, group=group, batch_size=batch_size,
-                         compile=compile, args=args, kwargs=kwargs)
+                         compile=compile, args=args, kwargs=kwargs, options=options)
 
     def _backend_for(self, block):
         return self._safe([ForwardJVP] if isinstance(block, ColumnSeeds) else [ReverseVJP])
@@ -439,7 +529,7 @@ class DistributedHessian(DistributedOperator):
             return SparseHessian(f, x, args=args, kwargs=kwargs, check=False, trace=False, **options)
 
         super().__init__(f, x, make, scalar_function, output=output, group=group, batch_size=batch_size,
-                         compile=compile, args=args, kwargs=kwargs)
+                         compile=compile, args=args, kwargs=kwargs, options=options)
 
     def _backend_for(self, block):
         flavours = [*HVP_BACKENDS.values(), ReverseOverReverseHVP]

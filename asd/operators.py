@@ -184,8 +184,11 @@ def call_input(x, shape, dtype, device):
 
 
 def _check_call_input(x, shape, dtype, device, what: str) -> None:
+    if isinstance(x, np.ndarray) and x.dtype.kind == "c":
+        raise InputError(f"{what} takes real inputs, got a complex numpy array ({x.dtype}): split it into real "
+                         "and imaginary parts (np.stack([x.real, x.imag], -1)) as at preparation")
     if not isinstance(x, torch.Tensor):
-        raise InputError(f"{what} expects a torch.Tensor, got {type(x).__name__}")
+        raise InputError(f"{what} expects a torch.Tensor (or a real numpy array), got {type(x).__name__}")
     check_context(x)
     if tuple(x.shape) != tuple(shape):
         raise InputError(f"{what} was prepared for inputs of shape {tuple(shape)}, got {tuple(x.shape)}; "

@@ -328,15 +328,38 @@ def _canonicalize(indptr, indices, shape):
     return A.indptr.astype(_I), A.indices.astype(_I)
 
 
+def _from_torch(t, name: str):
+    """A torch tensor as a pattern a scipy/numpy path takes: a dense one as a numpy array, a sparse
+    one (any layout) as a scipy COO array of its stored entries."""
+    import scipy.sparse as sp
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a scipy.sparse matrix, a dense array, a torch tensor or an "
+                        f"asd.SparsityPattern, got a torch {type(t).__name__}")
+    if t.dim() != 2:
+        raise InputError(f"{name} must be a 2-D matrix, got a {t.dim()}-D torch tensor of shape {tuple(t.shape)}")
+    if t.layout == torch.strided:
+        return t.detach().cpu().numpy()
+    coo = t.detach().to_sparse_coo().coalesce().cpu()
+    if coo.dense_dim():
+        raise InputError(f"{name} must have scalar entries, got a hybrid sparse tensor (dense_dim {coo.dense_dim()})")
+    rows, cols = coo.indices().numpy()
+    return sp.coo_array((np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=tuple(t.shape))
+
+
 def as_pattern(pattern, *, name: str = "pattern", input_shape=None, output_shape=None) -> SparsityPattern:
     """Any pattern a user may pass, as a :class:`SparsityPattern`.
 
-    Accepts a ``SparsityPattern``, a scipy sparse matrix or array, or a dense 2-D numpy/bool
-    array (every nonzero is structural; for sparse inputs every stored entry is, explicit zeros
-    included). Anything else raises a ``TypeError``/``InputError`` naming ``name``.
+    Accepts a ``SparsityPattern``, a scipy sparse matrix or array, a dense 2-D numpy/bool array
+    or a 2-D torch tensor of any layout (in dense arrays every nonzero is structural; in sparse
+    inputs every stored entry is, explicit zeros included, except the padding a DIA matrix stores:
+    its zeros are not entries). Anything else raises a ``TypeError``/``InputError`` naming ``name``.
     """
     import scipy.sparse as sp
 
+    if type(pattern).__module__.startswith("torch"):
+        pattern = _from_torch(pattern, name)
     if isinstance(pattern, SparsityPattern):
         P = pattern
     elif sp.issparse(pattern):
@@ -345,18 +368,16 @@ def as_pattern(pattern, *, name: str = "pattern", input_shape=None, output_shape
         A = sp.csr_array(pattern)
         P = SparsityPattern.from_csr(A.indptr, A.indices, A.shape)
     else:
-        if type(pattern).__module__.startswith("torch"):
-            raise TypeError(f"{name} must be a scipy.sparse matrix, a dense numpy array or an "
-                            f"asd.SparsityPattern, got a torch {type(pattern).__name__}; convert a torch "
-                            "sparse tensor with asd.to_scipy(t)")
         try:
             arr = np.asarray(pattern)
         except Exception as exc:  # noqa: BLE001
             raise TypeError(f"{name} must be a scipy.sparse matrix or a dense 2-D array, got "
                             f"{type(pattern).__name__}") from exc
-        if arr.ndim != 2 or arr.dtype == object:
-            raise InputError(f"{name} must be a 2-D matrix (scipy.sparse or a dense bool array), got "
-                             f"{'shape ' + str(arr.shape) if arr.dtype != object else 'dtype object'}")
+        if arr.ndim != 2 or arr.dtype == object or arr.dtype.kind in "SUV":
+            what = (f"a {type(pattern).__name__}" if arr.ndim == 0 or arr.dtype.kind in "OSUV"
+                    else f"shape {arr.shape}")
+            raise InputError(f"{name} must be a 2-D matrix (scipy.sparse, a dense bool array or a torch tensor), "
+                             f"got {what}")
         rows, cols = np.nonzero(arr)
         P = SparsityPattern.from_coo(rows, cols, arr.shape)
     if input_shape is not None or output_shape is not None:

@@ -28,7 +28,8 @@ def raises(match, exc=(AsdError, TypeError, ValueError)):
 
 @pytest.mark.parametrize("pattern, match", [
     (np.ones(6, dtype=bool), "pattern must be a 2-D matrix"),
-    (torch.eye(5, 6).to_sparse_csr(), "asd.to_scipy"),
+    (torch.ones(6), "2-D matrix, got a 1-D torch tensor"),
+    ("diag", "got a str"),
     (np.ones((5, 7), dtype=bool), "columns"),
     (np.ones((4, 6), dtype=bool), "rows"),
     ([["a"]], "pattern"),

@@ -264,3 +264,47 @@ def test_a_child_forked_while_another_thread_evaluates_is_not_blocked():
         release.set()
         t.join(30)
     assert err == 0.0 and diff == 0.0 and fresh == "made in the child"
+
+
+# -- colorings built from given colors ----------------------------------------------------------------
+
+@pytest.mark.parametrize("problem,colors,match", [
+    ("column", [0, 0, 0], "same color"), ("column", [-1, 0, 1], "neutral"), ("row", [0, 0, 0], "same color"),
+    ("column", [0.5, 1.5, 2.7], "integers"), ("column", [0, 1], "1-D array of 3"),
+    ("column", [0, 1, 2, 3, 4], "1-D array of 3"), ("star", [0, 1, 2], "1-D array of 4"),
+    ("star", [0, 1, 0, 1], "recoverable"), ("bidirectional", ([0, 0, 0], [0, 0, 0]), "recoverable"),
+    ("bidirectional", [0, 0, 0], "pair"),
+])
+def test_colors_that_admit_no_decompression_are_refused(problem, colors, match):
+    """from_colors only built the acyclic plan: column, row, star and bidirectional colors that do
+    not decompress were accepted and decompressed silently wrong (an entry 0, a sum of entries)."""
+    from asd.coloring.build import from_colors
+
+    A = np.array([[1, 1, 0], [0, 1, 1], [0, 0, 1]], bool)
+    path = np.array([[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]], bool)
+    with pytest.raises(asd.ColoringError, match=match):
+        from_colors(path if problem == "star" else A, problem, colors)
+    good = from_colors(A, "column", np.array([0.0, 1.0, 2.0]))  # integral floats are integers
+    assert good.ncolors == 3
+
+
+# -- patterns given as torch tensors, and inputs the operators refuse ---------------------------------
+
+@pytest.mark.parametrize("layout", ["strided", "bool", "coo", "csr", "csc", "bsr", "bsc"])
+def test_a_torch_pattern_of_any_layout_is_taken(layout):
+    """A torch pattern was refused with advice (asd.to_scipy) that refused CSC, BSR and dense ones."""
+    dense = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]])
+    P = {"strided": dense, "bool": dense.bool(), "coo": dense.to_sparse(), "csr": dense.to_sparse_csr(),
+         "csc": dense.to_sparse_csc(), "bsr": dense.to_sparse_bsr((1, 1)), "bsc": dense.to_sparse_bsc((1, 1))}[layout]
+    x = torch.rand(3, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    f = lambda z: torch.stack([z[0] * z[2], z[2] ** 2])  # noqa: E731
+    J = asd.sparse_jacobian(f, x, pattern=P)
+    torch.testing.assert_close(J.to_dense(), torch.func.jacrev(f)(x))
+    assert asd.patterns.as_pattern(P).nnz == 3
+
+
+def test_a_complex_numpy_input_to_an_operator_says_complex():
+    x = torch.rand(4, dtype=torch.float64)
+    op = asd.prepare_jacobian(lambda z: z * z.roll(1), x)
+    with pytest.raises(asd.InputError, match="complex numpy array"):
+        op(np.ones(4, dtype=complex))

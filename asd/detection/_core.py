@@ -161,6 +161,19 @@ class Storage:
 _AUTOGRAD_CALLS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
 
 
+def resolved(primal: torch.Tensor, lazy: tuple | None) -> torch.Tensor:
+    """``primal`` with the lazy conjugation / negation ``lazy`` (see :attr:`TracedTensor._lazy`)
+    applied and resolved."""
+    if lazy is None:
+        return primal
+    conj, neg = lazy
+    if conj:
+        primal = primal.conj()
+    if neg:
+        primal = primal._neg_view()
+    return primal.resolve_conj().resolve_neg()
+
+
 class TracedTensor(torch.Tensor):
     """A tensor that carries the index sets of its elements through a traced function."""
 
@@ -177,6 +190,9 @@ class TracedTensor(torch.Tensor):
     #: ``(storage sets, this view's sets)``: the rows of a view, taken again only once the storage's
     #: set matrix has been replaced (a write)
     _sets_cache: tuple | None = None
+    #: ``(conj, neg)``: the view's values are its storage's conjugated / negated (a lazy ``conj()`` or
+    #: ``_neg_view`` in PyTorch): the primal holds them resolved, which every op can read
+    _lazy: tuple | None = None
 
     @staticmethod
     def __new__(cls, storage: Storage, primal: torch.Tensor, idx: np.ndarray | None, device: torch.device,
@@ -196,7 +212,7 @@ class TracedTensor(torch.Tensor):
     def primal(self) -> torch.Tensor:
         if self._epoch != self._storage.epoch:
             size, stride, offset = self._geom
-            self._primal = self._storage.primal.as_strided(size, stride, offset)
+            self._primal = resolved(self._storage.primal.as_strided(size, stride, offset), self._lazy)
             self._epoch = self._storage.epoch
         return self._primal
 

@@ -793,6 +793,8 @@ class Tracer:
                     f"a {primal.layout} tensor computed from the input cannot be traced; build sparse "
                     "matrices from constants only, or keep input-dependent values dense")
             return primal
+        if primal.is_conj() or primal.is_neg():
+            primal = primal.resolve_conj().resolve_neg()
         if sets is None or not is_differentiable_dtype(primal.dtype):
             sets = S.empty(primal.numel(), self.n)
         if sets.shape[0] != primal.numel():
@@ -1122,6 +1124,9 @@ class Tracer:
         view = TracedTensor(storage, primal, idx, self.device)
         view._detached = base._detached
         view._component = base._component
+        if primal.is_conj() or primal.is_neg():  # PyTorch's lazy bits, which view_as_real and others refuse
+            view._lazy = (primal.is_conj(), primal.is_neg())
+            view._primal = primal.resolve_conj().resolve_neg()
         return view
 
     def _write(self, target: TracedTensor, new_sets: sp.csr_matrix | None) -> None:

@@ -16,7 +16,7 @@ from .coloring import Coloring, color
 from .detection import hessian_sparsity, jacobian_sparsity
 from .detection.verify import VerifyReport, verify
 from .errors import (ADGapError, ADGapWarning, AsdError, CheckError, ColoringError, ConvergenceWarning, DecompressionError, HostFallbackWarning,
-                     InputError, StalePatternWarning, TracingError, TransformUnsupported, UnsupportedOpError,
+                     InputError, PrecisionWarning, StalePatternWarning, TracingError, TransformUnsupported, UnsupportedOpError,
                      UnsupportedOpWarning)
 from .operators import SparseHessian, SparseJacobian
 from .patterns import SparsityPattern
@@ -30,5 +30,6 @@ __all__ = [
     "jacobian_sparsity", "hessian_sparsity", "verify", "VerifyReport", "color", "Coloring", "sparse_jacobian", "prepare_jacobian",
     "SparseJacobian", "sparse_hessian", "prepare_hessian", "SparseHessian", "gradient_and_hessian",
     "clear_cache", "to_scipy", "to_cupy", "AsdError", "TracingError", "UnsupportedOpError", "UnsupportedOpWarning",
-    "ColoringError", "DecompressionError", "InputError", "ConvergenceWarning", "linalg", "distributions",
+    "ColoringError", "DecompressionError", "InputError", "ConvergenceWarning", "PrecisionWarning", "linalg",
+    "distributions",
 ]

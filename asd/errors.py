@@ -63,6 +63,12 @@ class ADGapWarning(UserWarning):
     evaluates in another mode (see :mod:`asd.detection.ad_gaps`)."""
 
 
+class PrecisionWarning(UserWarning):
+    """Substitution (an acyclic coloring's decompression) may have put more rounding into some
+    Hessian entries than a check tolerates at this point (:mod:`asd.decompression.precision`); an
+    operator that chose the coloring itself decompresses directly (a star coloring) from then on."""
+
+
 class HostFallbackWarning(UserWarning):
     """A step copied values to the host and back because its device has no kernel for it (a
     direct factorization, a symbolic sparse product, a triangular sweep off CUDA).  Warned once

@@ -30,7 +30,8 @@ from .cache import ValueGuard, fingerprint
 from .checks import CheckReport, checks_forced, probe
 from .backends.autograd_loop import AutogradLoop
 from .detection.ad_gaps import refusal_fix, unsafe_modes
-from .errors import ADGapError, ADGapWarning, AsdError, CheckError, InputError, TransformUnsupported
+from .errors import ADGapError, ADGapWarning, AsdError, CheckError, InputError, PrecisionWarning, TransformUnsupported
+from .decompression.plans import SubstitutionPlan
 from .guards import ModuleStateGuard
 from .memory import auto_batch_size
 from .options import check_batch_size, check_bool, check_choice, check_compile
@@ -618,6 +619,9 @@ class _SparseOperator:
         vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
         if vals.dtype != self.dtype:
             vals = vals.to(self.dtype)
+        if self._screen(x, vals, changed):  # another strategy from now on: this call evaluated again
+            vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
+            vals = vals.to(self.dtype)
         if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals, call_args)
             if changed:
@@ -707,6 +711,11 @@ class _SparseOperator:
         if new._warmup is not None:
             new._start_warmup(new._warmup.backend, new._warmup.limit)
         return new
+
+    def _screen(self, x: torch.Tensor, values: torch.Tensor, changed: bool) -> bool:
+        """Judge this call's values beyond the probe; ``True`` where the operator changed its
+        strategy because of them (the call is then evaluated again)."""
+        return False
 
     def _verify(self, x: torch.Tensor, values: torch.Tensor, call_args=None) -> None:
         report = self._probe(x, values, call_args or self._prepared_args)
@@ -910,7 +919,12 @@ class SparseHessian(_SparseOperator):
         ``"star"`` (direct decompression), ``"acyclic"`` (fewer colors, substitution) or ``None``:
         star, unless acyclic needs fewer colors (and, off the CPU, its substitution has at most
         ``MAX_GPU_SUBSTITUTION_LEVELS`` sequential levels). Below float64 the default is always
-        star: substitution accumulates rounding errors on small entries.
+        star: substitution accumulates rounding errors on small entries. Substitution's rounding is
+        bounded at the first call, at checked calls and at every one-off call
+        (:mod:`asd.decompression.precision`): where some entries may hold more than a check
+        tolerates (a large entry feeding a chain of small ones), an :class:`asd.PrecisionWarning`,
+        and with ``coloring=None`` the operator colors again with star and evaluates anew.
+        ``check=False`` skips the bound.
     order
         Vertex order of the coloring (see :data:`asd.coloring.ORDERS`, or ``"best"``).
     hvp
@@ -974,14 +988,56 @@ class SparseHessian(_SparseOperator):
         self._g = self._flat(f)
         self._compile = compile
         self._trust_arg_values = check is False and not checks_forced()
+        # substitution's rounding is screened at the first call (and at checked ones) unless check=False;
+        # an operator that chose acyclic itself may choose again (star), with what _setup needs
+        self._screening = check is not False or checks_forced()
+        self._rechoose = (order, batch_size, trace, explicit) if coloring is None and backend is None else None
         check = _check_option(check, default=local or self._user_pattern)
         self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[self._hvp],
                     explicit=explicit)
+        self._screened = False
         if not explicit and backend is None and not compile:
-            if x.device.type == "cpu" and 0 < self.ncolors <= LOOP_MAX_COLORS:
-                self._start_warmup(AutogradLoop())
-            elif _torch_func_cold():
-                self._start_warmup(AutogradLoop(), limit=1)
+            self._default_warmup(x)
+
+    def _default_warmup(self, x: torch.Tensor) -> None:
+        if x.device.type == "cpu" and 0 < self.ncolors <= LOOP_MAX_COLORS:
+            self._start_warmup(AutogradLoop())
+        elif _torch_func_cold():
+            self._start_warmup(AutogradLoop(), limit=1)
+
+    def _screen(self, x: torch.Tensor, values: torch.Tensor, changed: bool) -> bool:
+        """Substitution's rounding (:func:`asd.decompression.precision.substitution_excess`), at the
+        first call and at checked ones: beyond what a check tolerates, a :class:`asd.PrecisionWarning`,
+        and an operator that chose the acyclic coloring itself colors again with star (direct)."""
+        if not isinstance(self.coloring.plan, SubstitutionPlan) or not self._screening:
+            return False
+        if self._screened and not (changed or self.check_mode is True):
+            return False
+        self._screened = True
+        from .decompression.precision import substitution_excess
+
+        excess = substitution_excess(self.coloring.plan, self.coloring.pattern, values)
+        if excess <= 1.0:
+            return False
+        if self._rechoose is None:
+            warnings.warn(f"asd: substitution (the acyclic coloring) may have put rounding up to {excess:.3g} times "
+                          "what a check tolerates into some Hessian entries at this x (a large entry feeds a chain "
+                          "of small ones); coloring='star' decompresses each entry directly", PrecisionWarning,
+                          stacklevel=4)
+            return False
+        order, batch_size, trace, explicit = self._rechoose
+        self._rechoose = None
+        result = self._choose_coloring(lambda: choose_hessian(self.pattern, "star", order, exact_arithmetic=True,
+                                                              max_levels=None))
+        warnings.warn(f"asd: substitution (the acyclic coloring chosen for this Hessian) may have put rounding up to "
+                      f"{excess:.3g} times what a check tolerates into some entries at this x; the operator now "
+                      f"decompresses directly with a star coloring ({result.ncolors} colors instead of "
+                      f"{self.ncolors})", PrecisionWarning, stacklevel=4)
+        self._setup(self._g, result, x, None, batch_size, self._compile, self.check_mode, trace,
+                    hvp=HVP_BACKENDS[self._hvp], explicit=explicit)
+        if not explicit and not self._compile:
+            self._default_warmup(x)
+        return True
 
     def _fallbacks(self):
         coloring = self.coloring
@@ -1028,6 +1084,8 @@ class SparseHessian(_SparseOperator):
                 value, grad, hs = self._with_grad.run(xf, seeds)
                 parts.append(hs.reshape(-1))
         vals = self.decompressor.values(torch.cat(parts) if len(parts) > 1 else parts[0]).to(self.dtype)
+        if self._screen(x, vals, changed):
+            return self.value_grad_hessian(x, *args, **kwargs)
         if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals, call_args)
             if changed:

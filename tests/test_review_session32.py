@@ -343,3 +343,69 @@ def test_lazily_conjugated_tensors_are_traced(name, local):
     # torch.func.hessian itself has no batching rule for the conjugate's _neg_view: plain autograd
     torch.testing.assert_close(asd.sparse_hessian(h, x, local=local).to_dense(),
                                torch.autograd.functional.hessian(h, x))
+
+
+# -- substitution's rounding --------------------------------------------------------------------------
+
+def _coupled_chain(big, n=120):
+    w = 1 + torch.rand(n - 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    w[0] = big
+    return lambda x: (w * x[:-1] * x[1:]).sum() + (x ** 2).sum()  # noqa: E731
+
+
+def _worst_relative_error(H, ref):
+    return float(((H - ref).abs() / ref.abs().clamp_min(1e-300))[ref != 0].max())
+
+
+def test_substitution_that_loses_digits_is_replaced_by_direct_decompression():
+    """One large coupling at the head of a chain: acyclic substitution (the float64 default) solved
+    every later entry through it and lost the digits of the ratio (4e-2 relative at 1e15), while the
+    probe passed. The operator now bounds the rounding, warns and colors again with star."""
+    x = torch.rand(120, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for big in (1e12, 1e15):
+        f = _coupled_chain(big)
+        ref = torch.func.hessian(f)(x)
+        op = asd.prepare_hessian(f, x)
+        assert op.coloring.problem == "acyclic"
+        with pytest.warns(asd.PrecisionWarning, match="star"):
+            H = op(x).to_dense()
+        assert op.coloring.problem == "star" and _worst_relative_error(H, ref) < 1e-13
+        torch.testing.assert_close(op(x * 2).to_dense(), torch.func.hessian(f)(x * 2))
+        with pytest.warns(asd.PrecisionWarning):
+            H = asd.sparse_hessian(f, x, cache=False).to_dense()
+        assert _worst_relative_error(H, ref) < 1e-13
+        with pytest.warns(asd.PrecisionWarning):
+            _, _, H = asd.gradient_and_hessian(f, x, cache=False)
+        assert _worst_relative_error(H.to_dense(), ref) < 1e-13
+        explicit = asd.prepare_hessian(f, x, coloring="acyclic")  # the user's choice is kept, with the warning
+        with pytest.warns(asd.PrecisionWarning, match="coloring='star'"):
+            explicit(x)
+        assert explicit.coloring.problem == "acyclic"
+
+
+def test_a_cached_one_off_is_bounded_at_every_call():
+    """The one-off cache served an operator screened at another function's point."""
+    x = torch.rand(120, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    asd.clear_cache()
+    for big in (1.0, 1e15):
+        f = _coupled_chain(big)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            H = asd.sparse_hessian(f, x).to_dense()
+        assert _worst_relative_error(H, torch.func.hessian(f)(x)) < 1e-10
+
+
+@pytest.mark.filterwarnings("error::asd.PrecisionWarning")
+def test_well_scaled_substitution_keeps_the_acyclic_coloring():
+    from asd.problems import rosenbrock
+
+    x = torch.rand(20000, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    op = asd.prepare_hessian(rosenbrock, x)
+    op(x)
+    assert op.coloring.problem == "acyclic" and op.ncolors == 2
+    f = _coupled_chain(1e6)
+    op = asd.prepare_hessian(f, torch.rand(120, dtype=torch.float64))
+    op(torch.rand(120, dtype=torch.float64))
+    assert op.coloring.problem == "acyclic"
+    unchecked = asd.prepare_hessian(_coupled_chain(1e15), torch.rand(120, dtype=torch.float64), check=False)
+    unchecked(torch.rand(120, dtype=torch.float64))  # check=False: no bound, no warning

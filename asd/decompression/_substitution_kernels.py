@@ -314,3 +314,45 @@ def plan_error(nnz, size, step_pos, step_pos_t, step_src, dep_ptr, dep_pos, dep_
             written[step_pos[k]] = k
             written[step_pos_t[k]] = k
     return ""
+
+
+
+@njit(cache=True)
+def rounding_excess(values, indptr, indices, step_pos, step_pos_t, dep_ptr, dep_pos, eps, tol, floor_power):
+    """The largest ratio, over the stored entries (CSR ``indptr``/``indices`` of a symmetric
+    pattern, ``values`` in its order), of a bound on the rounding substitution accumulated in an
+    entry to ``tol`` times the scale of its two rows (the largest magnitude in either, at least
+    ``eps ** floor_power`` of the largest of all). The bound, in units of ``eps``: the entry's own
+    magnitude plus the bounds of the entries subtracted from it (each step ``v = b - sum(deps)``
+    rounds ``|b| <= |v| + sum|deps|``)."""
+    n = indptr.shape[0] - 1
+    nnz = values.shape[0]
+    rowmax = np.zeros(n, dtype=np.float64)
+    top = 0.0
+    for i in range(n):
+        m = 0.0
+        for p in range(indptr[i], indptr[i + 1]):
+            a = abs(values[p])
+            if a > m:
+                m = a
+        rowmax[i] = m
+        if m > top:
+            top = m
+    floor = top * eps ** floor_power
+    bound = np.zeros(nnz, dtype=np.float64)
+    for k in range(step_pos.shape[0]):
+        p = step_pos[k]
+        b = abs(values[p])
+        for d in range(dep_ptr[k], dep_ptr[k + 1]):
+            b += bound[dep_pos[d]]
+        bound[p] = b
+        bound[step_pos_t[k]] = b
+    worst = 0.0
+    for i in range(n):
+        for p in range(indptr[i], indptr[i + 1]):
+            scale = max(rowmax[i], rowmax[indices[p]], floor)
+            if scale > 0.0:
+                r = eps * bound[p] / (tol * scale)
+                if r > worst:
+                    worst = r
+    return worst

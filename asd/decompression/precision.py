@@ -1,0 +1,38 @@
+"""How much rounding substitution may have put into the values it solved for.
+
+Substitution (acyclic colorings) solves each entry as a compressed product minus entries solved
+before it, so an entry inherits the rounding of every entry it was solved from: where one large
+entry feeds a chain of small ones, the small ones lose the digits of the ratio (direct
+decompression reads each entry from one product and keeps them all). The bound of
+:func:`~asd.decompression._substitution_kernels.rounding_excess` (linear in the chain, so
+pessimistic on long chains of alike entries) is judged per entry against the scale of its rows,
+as the probe judges a product (:mod:`asd.checks`): a row far below the largest (``eps ** 0.6``)
+counts at that floor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .plans import SubstitutionPlan
+
+__all__ = ["substitution_excess"]
+
+
+def substitution_excess(plan: SubstitutionPlan, pattern, values: torch.Tensor) -> float:
+    """The largest ratio, over the stored entries, of substitution's rounding bound to the error
+    the probe accepts in the entry's rows (``10 sqrt(eps)`` of their scale): above 1, some entries
+    may be wrong beyond what a check tolerates. 0 for values that are not finite (the probe's)."""
+    from ..checks import ROW_FLOOR_POWER, tolerance_of
+    from ._substitution_kernels import rounding_excess
+
+    if not values.is_floating_point() or values.numel() == 0:
+        return 0.0
+    v = values.detach().to("cpu", torch.float64).numpy()
+    if not np.isfinite(v).all():
+        return 0.0
+    eps = float(torch.finfo(values.dtype).eps)
+    return float(rounding_excess(v, np.asarray(pattern.indptr, dtype=np.int64),
+                                 np.asarray(pattern.indices, dtype=np.int64), plan.step_pos, plan.step_pos_t,
+                                 plan.dep_ptr, plan.dep_pos, eps, tolerance_of(eps), ROW_FLOOR_POWER))

@@ -409,3 +409,31 @@ def test_well_scaled_substitution_keeps_the_acyclic_coloring():
     assert op.coloring.problem == "acyclic"
     unchecked = asd.prepare_hessian(_coupled_chain(1e15), torch.rand(120, dtype=torch.float64), check=False)
     unchecked(torch.rand(120, dtype=torch.float64))  # check=False: no bound, no warning
+
+
+def test_jax_substitution_that_loses_digits_is_replaced_by_direct_decompression():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    import asd.jax as aj
+
+    w = 1 + np.random.default_rng(0).random(119)
+    w[0] = 1e15
+    f = lambda z: jnp.sum(w * z[:-1] * z[1:]) + jnp.sum(z ** 2)  # noqa: E731
+    x = jnp.asarray(np.random.default_rng(1).random(120))
+    ref = np.asarray(jax.hessian(f)(x))
+
+    def err(H):
+        D = np.asarray(H.todense())
+        return float((np.abs(D - ref) / np.maximum(np.abs(ref), 1e-300))[ref != 0].max())
+
+    op = aj.prepare_hessian(f, x)
+    assert op.coloring.problem == "acyclic"
+    with pytest.warns(asd.PrecisionWarning, match="star"):
+        assert err(op(x)) < 1e-13
+    assert op.coloring.problem == "star"
+    with pytest.warns(asd.PrecisionWarning):
+        assert err(aj.gradient_and_hessian(f, x)[2]) < 1e-13
+    kept = aj.prepare_hessian(f, x, coloring="acyclic")
+    with pytest.warns(asd.PrecisionWarning, match="coloring='star'"):
+        kept(x)
+    assert kept.coloring.problem == "acyclic"

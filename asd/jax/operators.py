@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 import time
+import warnings
 from typing import Callable
 
 import jax
@@ -22,7 +23,9 @@ from jax.experimental import sparse as jsparse
 from ..coloring import symmetric_pattern
 from ..coloring.choose import choose_hessian, choose_jacobian
 from ..checks import ROW_FLOOR_POWER, _rows_agree, tolerance_of
-from ..errors import CheckError, InputError
+from ..decompression.plans import SubstitutionPlan
+from ..decompression.precision import substitution_excess
+from ..errors import CheckError, InputError, PrecisionWarning
 from ..operators import HESSIAN_COLORINGS, JACOBIAN_COLORINGS, MODES
 from ..patterns import SparsityPattern, as_pattern
 from . import _coloring as C
@@ -182,9 +185,16 @@ class _SparseOperator:
         :attr:`check`, one independent product more)."""
         x = self._check(x)
         vals = self._values(x, *self._args)
+        if self._screen(vals):  # colored again: this call evaluated anew
+            vals = self._values(x, *self._args)
         if self._probe is not None:
             self._verify(x, vals)
         return vals
+
+    def _screen(self, values) -> bool:
+        """Judge a call's values beyond the probe; ``True`` where the operator changed its coloring
+        because of them."""
+        return False
 
     def __call__(self, x) -> jsparse.BCSR:
         """The derivative at ``x`` as a ``jax.experimental.sparse.BCSR`` matrix."""
@@ -383,7 +393,39 @@ class SparseHessian(_SparseOperator):
         self._with_grad = None
         self._finish(result, _hvp_products(g), batch_size, constants=False)
         self._checking(check, local, pattern, lambda v, t: jax.jvp(jax.grad(g), (v.reshape(-1),), (t,))[1], n)
+        # substitution's rounding is bounded at the first call (every call with check=True) unless
+        # check=False; an operator that chose acyclic itself may color again (star)
+        self._screening = check is not False
+        self._screened = False
+        self._rechoose = order if coloring is None else None
         self._compile_now(x)
+
+    def _screen(self, values) -> bool:
+        """As :meth:`asd.SparseHessian._screen`: substitution's rounding
+        (:func:`asd.decompression.precision.substitution_excess`) beyond what a check tolerates
+        warns (:class:`asd.PrecisionWarning`), and an operator that chose acyclic colors again with star."""
+        if not isinstance(self.coloring.plan, SubstitutionPlan) or not self._screening:
+            return False
+        if self._screened and not self.check:
+            return False
+        self._screened = True
+        excess = substitution_excess(self.coloring.plan, self.coloring.pattern, torch.from_numpy(np.asarray(values)))
+        if excess <= 1.0:
+            return False
+        if self._rechoose is None:
+            warnings.warn(f"asd.jax: substitution (the acyclic coloring) may have put rounding up to {excess:.3g} "
+                          "times what a check tolerates into some Hessian entries at this x; coloring='star' "
+                          "decompresses each entry directly", PrecisionWarning, stacklevel=4)
+            return False
+        result = choose_hessian(self.pattern, "star", self._rechoose, exact_arithmetic=True, max_levels=None)
+        self._rechoose = None
+        warnings.warn(f"asd.jax: substitution (the acyclic coloring chosen for this Hessian) may have put rounding up "
+                      f"to {excess:.3g} times what a check tolerates into some entries at this x; the operator now "
+                      f"decompresses directly with a star coloring ({result.ncolors} colors instead of "
+                      f"{self.ncolors})", PrecisionWarning, stacklevel=4)
+        self._finish(result, _hvp_products(self._g), self._batch_size, constants=False)
+        self._with_grad = None
+        return True
 
     def value_grad_hessian(self, x):
         """``(f(x), grad f(x), Hessian as BCSR)`` from one jitted forward-over-reverse evaluation."""
@@ -405,6 +447,8 @@ class SparseHessian(_SparseOperator):
 
             self._with_grad = jax.jit(run)
         val, grad, vals = self._with_grad(x, self._seeds, self._dec_arrays)
+        if self._screen(vals):
+            return self.value_grad_hessian(x)
         if self._probe is not None:
             self._verify(x, vals)
         H = jsparse.BCSR((vals, self._indices, self._indptr), shape=self._shape)

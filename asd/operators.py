@@ -616,12 +616,13 @@ class _SparseOperator:
         if out is not None:
             self._check_out_values(out)
         call_args, changed = self._call_with(args, kwargs)
-        vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
-        if vals.dtype != self.dtype:
-            vals = vals.to(self.dtype)
-        if self._screen(x, vals, changed):  # another strategy from now on: this call evaluated again
+        with EVAL_LOCK:  # the values and their screen: no other thread's call changes the strategy between
             vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
-            vals = vals.to(self.dtype)
+            if vals.dtype != self.dtype:
+                vals = vals.to(self.dtype)
+            if self._screen(x, vals, changed):  # another strategy from now on: this call evaluated again
+                vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
+                vals = vals.to(self.dtype)
         if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals, call_args)
             if changed:
@@ -1013,10 +1014,10 @@ class SparseHessian(_SparseOperator):
             return False
         if self._screened and not (changed or self.check_mode is True):
             return False
-        self._screened = True
         from .decompression.precision import substitution_excess
 
         excess = substitution_excess(self.coloring.plan, self.coloring.pattern, values)
+        self._screened = True
         if excess <= 1.0:
             return False
         if self._rechoose is None:
@@ -1026,7 +1027,6 @@ class SparseHessian(_SparseOperator):
                           stacklevel=4)
             return False
         order, batch_size, trace, explicit = self._rechoose
-        self._rechoose = None
         result = self._choose_coloring(lambda: choose_hessian(self.pattern, "star", order, exact_arithmetic=True,
                                                               max_levels=None))
         warnings.warn(f"asd: substitution (the acyclic coloring chosen for this Hessian) may have put rounding up to "
@@ -1035,6 +1035,8 @@ class SparseHessian(_SparseOperator):
                       f"{self.ncolors})", PrecisionWarning, stacklevel=4)
         self._setup(self._g, result, x, None, batch_size, self._compile, self.check_mode, trace,
                     hvp=HVP_BACKENDS[self._hvp], explicit=explicit)
+        self._rechoose = None
+        self._with_grad = None  # value_grad_hessian's products: on the new coloring's seeds
         if not explicit and not self._compile:
             self._default_warmup(x)
         return True
@@ -1078,14 +1080,15 @@ class SparseHessian(_SparseOperator):
                                               batch_size=self.batch_size, compile=self._compile)
         xf = _private(x)
         parts, value, grad = [], None, None
-        with EVAL_LOCK, self._guard.protect():
-            self._call_args = call_args
-            for seeds in self._with_grad.chunks():
-                value, grad, hs = self._with_grad.run(xf, seeds)
-                parts.append(hs.reshape(-1))
-        vals = self.decompressor.values(torch.cat(parts) if len(parts) > 1 else parts[0]).to(self.dtype)
-        if self._screen(x, vals, changed):
-            return self.value_grad_hessian(x, *args, **kwargs)
+        with EVAL_LOCK:
+            with self._guard.protect():
+                self._call_args = call_args
+                for seeds in self._with_grad.chunks():
+                    value, grad, hs = self._with_grad.run(xf, seeds)
+                    parts.append(hs.reshape(-1))
+            vals = self.decompressor.values(torch.cat(parts) if len(parts) > 1 else parts[0]).to(self.dtype)
+            if self._screen(x, vals, changed):
+                return self.value_grad_hessian(x, *args, **kwargs)
         if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals, call_args)
             if changed:

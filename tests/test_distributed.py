@@ -392,7 +392,20 @@ def _misuse(rank: int, world: int, store: str) -> None:
             op(x if rank == 0 else torch.ones(33, dtype=torch.float64))
         with pytest.raises(asd.InputError, match="different x"):
             op(x + rank)
+        probed = asd.distributed.prepare_jacobian(where, x, local=True, output="root")
+        with pytest.raises(asd.AsdError):  # rank 0's bad input under a probed root output: rank 1 hung
+            probed(x if rank == 1 else torch.ones(33, dtype=torch.float64))
+        # a numpy input on rank 0: refused there with the conversion, heard of on rank 1
+        with pytest.raises(asd.InputError if rank == 0 else asd.AsdError, match="numpy" if rank == 0 else r"\[0\]"):
+            op(x.numpy() if rank == 0 else x)
         torch.testing.assert_close(op(x).to_dense(), _dense_jacobian(roll, x))  # and it works again
+
+        w = torch.linspace(1.0, 2.0, 63, dtype=torch.float64)
+        w[0] = 1e15  # a large entry feeding a chain of small ones: substitution loses their digits
+        chain = lambda z: (w * z[:-1] * z[1:]).sum() + (z ** 2).sum()  # noqa: E731
+        z0 = torch.linspace(0.1, 0.9, 64, dtype=torch.float64)
+        with pytest.warns(asd.PrecisionWarning, match="star"):
+            asd.distributed.prepare_hessian(chain, z0, coloring="acyclic")(z0)
 
         with pytest.raises(asd.InputError, match="same x"):
             asd.distributed.prepare_jacobian(roll, x if rank == 0 else x[:-1])

@@ -273,7 +273,8 @@ def test_a_child_forked_while_another_thread_evaluates_is_not_blocked():
     ("column", [0.5, 1.5, 2.7], "integers"), ("column", [0, 1], "1-D array of 3"),
     ("column", [0, 1, 2, 3, 4], "1-D array of 3"), ("star", [0, 1, 2], "1-D array of 4"),
     ("star", [0, 1, 0, 1], "recoverable"), ("bidirectional", ([0, 0, 0], [0, 0, 0]), "recoverable"),
-    ("bidirectional", [0, 0, 0], "pair"),
+    ("bidirectional", [0, 0, 0], "pair"), ("column", [0.0, 1e30, 2.0], "2\\*\\*53"),
+    ("column", np.array([0, 2 ** 63 + 5, 1], dtype=np.uint64), "2\\*\\*53"),
 ])
 def test_colors_that_admit_no_decompression_are_refused(problem, colors, match):
     """from_colors only built the acyclic plan: column, row, star and bidirectional colors that do
@@ -286,6 +287,7 @@ def test_colors_that_admit_no_decompression_are_refused(problem, colors, match):
         from_colors(path if problem == "star" else A, problem, colors)
     good = from_colors(A, "column", np.array([0.0, 1.0, 2.0]))  # integral floats are integers
     assert good.ncolors == 3
+    assert from_colors(A, "bidirectional", np.array([[0, 1, 2], [-1, -1, -1]])).ncolors == 3  # a (2, n) array
 
 
 # -- patterns given as torch tensors, and inputs the operators refuse ---------------------------------
@@ -315,17 +317,18 @@ def test_a_complex_numpy_input_to_an_operator_says_complex():
 def _lazy_conjugates():
     Z = lambda x: torch.view_as_complex(x.reshape(-1, 2))  # noqa: E731
 
-    def written_later(x):
+    def conj_dropped_before_a_write(x):
         z = Z(x) * 1
-        c = z.conj()
-        z.mul_(torch.tensor(2.0, dtype=x.dtype))  # the conjugate view reads the written values
-        return torch.relu(c.imag) * x[::2]
+        s = torch.relu(z.conj().imag)  # the conjugate view is gone before the write
+        z.mul_(x[0])
+        return torch.view_as_real(z).reshape(-1) * s.repeat_interleave(2)
 
     return {"conj_imag": lambda x: Z(x).conj().imag, "real_of_conj": lambda x: torch.real(torch.conj(Z(x))) ** 2,
             "mH_real": lambda x: (Z(x).reshape(2, 2).mH.real * 2).reshape(-1),
             "adjoint_imag": lambda x: Z(x).reshape(2, 2).adjoint().imag.reshape(-1),
             "ihfft_real": lambda x: torch.fft.ihfft(x).real, "resolved": lambda x: Z(x).conj().resolve_conj().imag,
-            "relu_of_conj_imag": lambda x: torch.relu(Z(x).conj().imag) * x[1::2], "written_later": written_later}
+            "relu_of_conj_imag": lambda x: torch.relu(Z(x).conj().imag) * x[1::2],
+            "conj_dropped_before_a_write": conj_dropped_before_a_write}
 
 
 @pytest.mark.parametrize("name", list(_lazy_conjugates()))
@@ -413,6 +416,7 @@ def test_well_scaled_substitution_keeps_the_acyclic_coloring():
 
 def test_jax_substitution_that_loses_digits_is_replaced_by_direct_decompression():
     jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)  # as the other JAX test modules do at import
     jnp = jax.numpy
     import asd.jax as aj
 
@@ -437,3 +441,91 @@ def test_jax_substitution_that_loses_digits_is_replaced_by_direct_decompression(
     with pytest.warns(asd.PrecisionWarning, match="coloring='star'"):
         kept(x)
     assert kept.coloring.problem == "acyclic"
+
+
+def test_a_write_while_a_conj_view_lives_is_refused():
+    """Review of the fix above: the conj() view became a resolved copy, so a write into its base
+    afterwards (or through it) did not reach it: a silently wrong Jacobian (0.9) where it had raised."""
+    Z = lambda x: torch.view_as_complex(x.reshape(-1, 2))  # noqa: E731
+
+    def base_written(x):
+        z = Z(x) * 1
+        c = z.conj()
+        z.mul_(x[0])
+        return c.imag
+
+    def written_through(x):
+        z = Z(x) * 1
+        z.conj().mul_(x[0])
+        return torch.view_as_real(z).reshape(-1)
+
+    x = torch.tensor([0.3, -0.5, 0.7, 0.2, -0.4, -0.9, 0.1, 0.6], dtype=torch.float64)
+    for f in (base_written, written_through):
+        for local in (False, True):
+            with pytest.raises(asd.TracingError, match="copy"):
+                asd.jacobian_sparsity(f, x, local=local)
+
+
+@pytest.mark.filterwarnings("ignore::asd.PrecisionWarning")
+def test_recoloring_inside_value_grad_hessian_rebuilds_its_products():
+    """Review: the one-pass products of value_grad_hessian kept the acyclic seeds after the operator
+    colored again with star, and every later call raised DecompressionError."""
+    n = 120
+    w = 1 + torch.rand(n - 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    f = lambda x: (w[1:] * x[1:-1] * x[2:]).sum() + torch.exp(x[0]) * x[1] + (x ** 2).sum()  # noqa: E731
+    x0 = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    x0[0] = 0.0
+    x1 = x0.clone()
+    x1[0] = 34.5  # exp(x0) * x1 couples the head of the chain at 1e15
+    op = asd.prepare_hessian(f, x0, check=True, hvp="forward_over_reverse")
+    for _ in range(8):
+        op.value_grad_hessian(x0)
+    for _ in range(3):
+        _, g, H = op.value_grad_hessian(x1)
+        assert _worst_relative_error(H.to_dense(), torch.func.hessian(f)(x1)) < 1e-13
+        torch.testing.assert_close(g, torch.func.grad(f)(x1))
+    assert op.coloring.problem == "star"
+
+
+@pytest.mark.filterwarnings("ignore::asd.PrecisionWarning")
+def test_two_threads_making_the_first_calls_both_get_screened_values():
+    """Review: the screen ran outside the evaluation lock; a thread whose values came from the
+    acyclic coloring returned them unscreened while another thread colored again."""
+    import threading
+
+    f = _coupled_chain(1e15)
+    x = torch.rand(120, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ref = torch.func.hessian(f)(x)
+    for _ in range(10):
+        op = asd.prepare_hessian(f, x)
+        out, barrier = [None, None], threading.Barrier(2)
+
+        def run(k):
+            barrier.wait()
+            out[k] = _worst_relative_error(op(x).to_dense(), ref)
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert max(out) < 1e-13
+
+
+def test_jax_screen_under_jit_waits_for_an_eager_call():
+    """Review: jax.jit(op.values) raised TracerArrayConversionError (the screen read the tracer's
+    values), and marked the operator screened: the next eager call was not."""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)  # as the other JAX test modules do at import
+    jnp = jax.numpy
+    import asd.jax as aj
+
+    w = 1 + np.random.default_rng(0).random(119)
+    w[0] = 1e15
+    f = lambda z: jnp.sum(w * z[:-1] * z[1:]) + jnp.sum(z ** 2)  # noqa: E731
+    x = jnp.asarray(np.random.default_rng(1).random(120))
+    op = aj.prepare_hessian(f, x)
+    jax.jit(op.values)(x)
+    with pytest.warns(asd.PrecisionWarning):
+        op(x)
+    assert op.coloring.problem == "star"

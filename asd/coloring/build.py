@@ -20,6 +20,8 @@ def _contig(c, size: int, what: str):
     if a.dtype.kind not in "iu" and not (a.dtype.kind == "b" and a.size == 0):
         if a.dtype.kind != "f" or not np.array_equal(a, np.round(a)):
             raise ColoringError(f"{what} must be integers (any labels, negative for none), got dtype {a.dtype}")
+    if a.size and (a.dtype.kind in "uf") and float(np.max(a)) >= 2.0 ** 53:
+        raise ColoringError(f"{what} must be labels below 2**53, got {np.max(a)!r}: renumber them")
     c = a.astype(np.int64)
     used = np.unique(c[c >= 0])
     remap = np.full(int(used.max()) + 1 if used.size else 1, -1, dtype=np.int64)
@@ -52,7 +54,7 @@ def from_colors(pattern, problem, colors) -> Coloring:
         res = AcyclicColoring(P, "given", c, k)
         res.plan  # noqa: B018  (builds the substitution plan: raises if the colors are not acyclic)
     elif problem == "bidirectional":
-        if not isinstance(colors, (tuple, list)) or len(colors) != 2:
+        if not isinstance(colors, (tuple, list, np.ndarray)) or len(colors) != 2:
             raise ColoringError("bidirectional colors must be a pair (row colors, column colors)")
         rc, nr = _contig(colors[0], m, "bidirectional row colors")
         cc, ncc = _contig(colors[1], n, "bidirectional column colors")

@@ -97,7 +97,7 @@ def window_positions(bound: dict, x: torch.Tensor) -> np.ndarray:
 class Storage:
     """Index sets (and the primal base tensor) shared by a base tensor and all its views."""
 
-    __slots__ = ("primal", "_sets", "_pending", "epoch", "read_only", "geometry", "complex_aliases", "complex_base")
+    __slots__ = ("primal", "_sets", "_pending", "epoch", "read_only", "geometry", "alias_copies", "complex_base")
 
     def __init__(self, primal: torch.Tensor, sets: "sp.csr_matrix | S.PendingUnion"):
         self.primal = primal
@@ -107,9 +107,9 @@ class Storage:
             self._sets, self._pending = sets, None
         self.epoch = 0
         self.read_only: str | None = None  # why writes into it cannot be traced
-        #: the tensors ``view_as_complex`` made of it (copies here, aliases in PyTorch): while one
-        #: lives, a write into this storage cannot be followed into it
-        self.complex_aliases: "weakref.WeakSet | None" = None
+        #: the tensors ``view_as_complex`` or ``conj()`` made of it (copies here, aliases in PyTorch):
+        #: while one lives, a write into this storage cannot be followed into it
+        self.alias_copies: "weakref.WeakSet | None" = None
         #: for the storage ``view_as_complex`` made: the real tensor it views, which a write into
         #: this storage also writes
         self.complex_base: "TracedTensor | None" = None

@@ -907,8 +907,22 @@ class Tracer:
 
         call.lazy = self._lazy and rule is not None and rule.builtin and "observe" not in self.__dict__
         out_sets = self._run_rule(call, rule)
-        wrapped = iter([self.wrap(t, s) for t, s in zip(out_tensors, out_sets)])
+        wrapped = [self.wrap(t, s) for t, s in zip(out_tensors, out_sets)]
+        if func in _LAZY_ALIASES and isinstance(args[0], TracedTensor):
+            # PyTorch's conj() / negative view aliases its input, asd follows a resolved copy: writes
+            # into either while the other lives are refused
+            self._alias_copy(args[0], wrapped[0])
+        wrapped = iter(wrapped)
         return _unflatten([next(wrapped) if isinstance(o, torch.Tensor) else o for o in outs_flat], out_spec)
+
+    @staticmethod
+    def _alias_copy(base: TracedTensor, copy: TracedTensor) -> None:
+        """``copy`` aliases ``base`` in PyTorch and is followed as a copy: a write into ``copy``, or
+        into ``base``'s storage while ``copy`` lives, raises :class:`TracingError`."""
+        copy._storage.read_only = _ALIAS_COPY
+        if base._storage.alias_copies is None:
+            base._storage.alias_copies = weakref.WeakSet()
+        base._storage.alias_copies.add(copy)
 
     def _run_rule(self, call: Call, rule=False) -> list:
         """Output sets of ``call`` by its rule (``rule``: ``lookup(call.func)`` where the caller has
@@ -1000,8 +1014,10 @@ class Tracer:
             targets = target if isinstance(target, (list, tuple)) else [target]
             for t in targets:
                 if isinstance(t, TracedTensor):
-                    if t._storage.complex_aliases:
-                        raise TracingError(_COMPLEX_ALIAS)
+                    if t._storage.read_only is not None and t._storage.read_only is _ALIAS_COPY:
+                        raise TracingError(_ALIAS_COPY)
+                    if t._storage.alias_copies:
+                        raise TracingError(_ALIAS_COPY)
                     if any_meta and t._storage.complex_base is not None:
                         t._storage.complex_base._storage.make_meta()
                     if any(t._storage is s for s in self._input_storages):
@@ -1074,13 +1090,15 @@ class Tracer:
             wrapped = [self._view(base, t, ids) for t, ids in zip(call.outs, ids_list)]
         if func in _COMPONENT_VIEWS and base.is_complex():
             wrapped[0]._component = True
+        elif func in _LAZY_ALIASES and isinstance(wrapped[0], TracedTensor) and wrapped[0]._storage is not base._storage:
+            self._alias_copy(base, wrapped[0])
         elif func is aten.view_as_complex.default and isinstance(wrapped[0], TracedTensor):
             # a copy of index sets where PyTorch aliases memory: a write into the copy is written
             # into the real tensor as well; one into the real tensor while the copy lives is refused
             wrapped[0]._storage.complex_base = base
-            if base._storage.complex_aliases is None:
-                base._storage.complex_aliases = weakref.WeakSet()
-            base._storage.complex_aliases.add(wrapped[0])
+            if base._storage.alias_copies is None:
+                base._storage.alias_copies = weakref.WeakSet()
+            base._storage.alias_copies.add(wrapped[0])
         if isinstance(pout, (list, tuple)):
             return type(pout)(wrapped)
         return wrapped[0]
@@ -1152,9 +1170,11 @@ class Tracer:
 
 
 _COMPONENT_VIEWS = frozenset({aten.view_as_real.default, aten.real.default, aten.imag.default})
-_COMPLEX_ALIAS = ("a write into a real tensor while a torch.view_as_complex view of it is alive cannot be "
-                  "traced (asd follows that view as a copy): take the complex view of a clone, "
-                  "torch.view_as_complex(y.clone()), or write through the complex view instead")
+_LAZY_ALIASES = frozenset({aten._conj.default, aten._neg_view.default})
+_ALIAS_COPY = ("a write into a tensor while a view of it that asd follows as a copy is alive (torch.view_as_complex, "
+               "or conj() of a complex tensor), or through such a conj() view, cannot be traced: take the view of "
+               "a clone (torch.view_as_complex(y.clone()), z.clone().conj()), or write before taking it; a write "
+               "through a view_as_complex view is followed")
 
 # Whether a read-only element map owning its data (the memoized ids of a view op, shared by every
 # trace that makes the same view) is the identity, by the array's id, with a weak reference to the array: the entry

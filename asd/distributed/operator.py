@@ -16,6 +16,7 @@ may round differently in the last bit).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from functools import singledispatch
@@ -36,7 +37,8 @@ from ..detection.jacobian import check_input
 from .. import arg_values
 from ..cache import fingerprint
 from ..checks import probe
-from ..errors import ADGapWarning, AsdError, CheckError, InputError
+from ..decompression.precision import substitution_excess
+from ..errors import ADGapWarning, AsdError, CheckError, InputError, PrecisionWarning
 from ..guards import ModuleStateGuard
 from ..memory import auto_batch_size
 from ..operators import (_WRITES_ANYWAY, EVAL_LOCK, HVP_MODES, SparseHessian, SparseJacobian, _check_call_input,
@@ -135,7 +137,8 @@ def _broadcast_preparation(make: Callable, x: torch.Tensor, group, rank: int, sr
     # every rank learns whether some rank's x differs (one raising alone would leave the others
     # waiting in their first call's collective)
     stamps = [None] * dist.get_world_size(group)
-    dist.all_gather_object(stamps, stamp(x, torch.float64) if own else None, group=group)
+    with _on_device(x.device):
+        dist.all_gather_object(stamps, stamp(x, torch.float64) if own else None, group=group)
     if not own:
         raise InputError(f"every rank must pass the same x: rank 0 has shape {prepared.shape} and dtype "
                          f"{prepared.dtype}, this rank {tuple(x.shape)} and {x.dtype}")
@@ -145,6 +148,12 @@ def _broadcast_preparation(make: Callable, x: torch.Tensor, group, rank: int, sr
     if len(set(stamps)) > 1:
         raise InputError("every rank must pass the same x: the ranks' values differ")
     return prepared
+
+
+def _on_device(device: torch.device):
+    """The CUDA device of ``x`` made current around an object collective: NCCL runs those on the
+    current device, which is cuda:0 on every rank that did not call ``torch.cuda.set_device``."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _int_view(t: torch.Tensor) -> torch.Tensor:
@@ -308,6 +317,7 @@ class DistributedOperator:
         self._send, self._take = _t(ex.send, x.device), _t(ex.take, x.device)
         self._flags = _t(ex.flags, x.device)
         self.last_call_bytes = self.last_call_bytes_sent = self.last_call_bytes_received = 0
+        self._screened = False
 
     def _share_products(self, g, x, a: int, b: int, batch_size, compile) -> list[BatchedProducts]:
         """Batched products of colors ``a:b`` of the flat buffer, block by block of the coloring."""
@@ -383,11 +393,17 @@ class DistributedOperator:
         rows :attr:`row_range`; ``"root"``: every value on rank 0, ``None`` elsewhere. ``args`` /
         ``kwargs`` replace ``f``'s extra arguments for this call.
         """
-        failure, local, checked = None, None, False
-        try:  # a failure travels in the status slot: raised before the exchange, the others would wait forever
-            _check_call_input(x, self.shape, self.dtype, self.device, self._what)
-            pair = (tuple(args), dict(kwargs)) if args or kwargs else self._prepared_args
+        failure, local = None, None
+        pair = (tuple(args), dict(kwargs)) if args or kwargs else self._prepared_args
+        try:  # decided before anything can fail: every rank called alike joins the same collectives
             checked = self._checks(pair)
+        except Exception:  # noqa: BLE001 - arguments the fingerprint cannot read are checked
+            checked = True
+        try:  # a failure travels in the status slot: raised before the exchange, the others would wait forever
+            if isinstance(x, np.ndarray):
+                raise InputError(f"{self._what} takes a torch.Tensor of shape {self.shape} (a collective), got a "
+                                 "numpy array: convert it with torch.from_numpy")
+            _check_call_input(x, self.shape, self.dtype, self.device, self._what)
             with EVAL_LOCK, self._guard.protect():
                 self._call_args = pair
                 local = self._local_products(x)
@@ -453,7 +469,8 @@ class DistributedOperator:
                 verdict = exc
         if isinstance(self.output, Root):
             box = [None if verdict is None else f"{type(verdict).__name__}: {verdict}"]
-            dist.broadcast_object_list(box, src=self._src, group=self.group)
+            with _on_device(self.device):
+                dist.broadcast_object_list(box, src=self._src, group=self.group)
             if verdict is None and box[0] is not None:
                 verdict = CheckError(f"rank 0 could not vouch for this call's values: {box[0]}")
         return verdict
@@ -461,6 +478,13 @@ class DistributedOperator:
     def _finish(self, assembled: torch.Tensor) -> torch.Tensor:
         if isinstance(self.coloring.plan, SubstitutionPlan):
             values = self.decompressor.values(assembled)
+            if not self._screened:  # substitution's rounding, at the first call as in one process (warned only)
+                self._screened = True
+                excess = substitution_excess(self.coloring.plan, self.coloring.pattern, values)
+                if excess > 1.0:
+                    warnings.warn(f"asd: substitution (the acyclic coloring) may have put rounding up to {excess:.3g} "
+                                  "times what a check tolerates into some Hessian entries at this x; "
+                                  "coloring='star' decompresses each entry directly", PrecisionWarning, stacklevel=4)
             if isinstance(self.output, Rows):
                 lo, hi = (int(self.coloring.indptr[r]) for r in self.row_range)
                 return values[lo:hi]

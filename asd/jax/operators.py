@@ -406,10 +406,10 @@ class SparseHessian(_SparseOperator):
         warns (:class:`asd.PrecisionWarning`), and an operator that chose acyclic colors again with star."""
         if not isinstance(self.coloring.plan, SubstitutionPlan) or not self._screening:
             return False
-        if self._screened and not self.check:
-            return False
-        self._screened = True
+        if (self._screened and not self.check) or isinstance(values, jax.core.Tracer):
+            return False  # under the user's jax.jit: no values to judge (the next eager call is screened)
         excess = substitution_excess(self.coloring.plan, self.coloring.pattern, torch.from_numpy(np.asarray(values)))
+        self._screened = True
         if excess <= 1.0:
             return False
         if self._rechoose is None:
@@ -418,13 +418,13 @@ class SparseHessian(_SparseOperator):
                           "decompresses each entry directly", PrecisionWarning, stacklevel=4)
             return False
         result = choose_hessian(self.pattern, "star", self._rechoose, exact_arithmetic=True, max_levels=None)
-        self._rechoose = None
         warnings.warn(f"asd.jax: substitution (the acyclic coloring chosen for this Hessian) may have put rounding up "
                       f"to {excess:.3g} times what a check tolerates into some entries at this x; the operator now "
                       f"decompresses directly with a star coloring ({result.ncolors} colors instead of "
                       f"{self.ncolors})", PrecisionWarning, stacklevel=4)
         self._finish(result, _hvp_products(self._g), self._batch_size, constants=False)
         self._with_grad = None
+        self._rechoose = None
         return True
 
     def value_grad_hessian(self, x):

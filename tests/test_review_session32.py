@@ -414,7 +414,8 @@ def test_well_scaled_substitution_keeps_the_acyclic_coloring():
     unchecked(torch.rand(120, dtype=torch.float64))  # check=False: no bound, no warning
 
 
-def test_jax_substitution_that_loses_digits_is_replaced_by_direct_decompression():
+def _jax_coupled_chain():
+    """``(jax, asd.jax, f, x)``: the coupled chain of the torch tests, in JAX (float64)."""
     jax = pytest.importorskip("jax")
     jax.config.update("jax_enable_x64", True)  # as the other JAX test modules do at import
     jnp = jax.numpy
@@ -422,8 +423,11 @@ def test_jax_substitution_that_loses_digits_is_replaced_by_direct_decompression(
 
     w = 1 + np.random.default_rng(0).random(119)
     w[0] = 1e15
-    f = lambda z: jnp.sum(w * z[:-1] * z[1:]) + jnp.sum(z ** 2)  # noqa: E731
-    x = jnp.asarray(np.random.default_rng(1).random(120))
+    return jax, aj, (lambda z: jnp.sum(w * z[:-1] * z[1:]) + jnp.sum(z ** 2)), jnp.asarray(np.random.default_rng(1).random(120))
+
+
+def test_jax_substitution_that_loses_digits_is_replaced_by_direct_decompression():
+    jax, aj, f, x = _jax_coupled_chain()
     ref = np.asarray(jax.hessian(f)(x))
 
     def err(H):
@@ -515,15 +519,7 @@ def test_two_threads_making_the_first_calls_both_get_screened_values():
 def test_jax_screen_under_jit_waits_for_an_eager_call():
     """Review: jax.jit(op.values) raised TracerArrayConversionError (the screen read the tracer's
     values), and marked the operator screened: the next eager call was not."""
-    jax = pytest.importorskip("jax")
-    jax.config.update("jax_enable_x64", True)  # as the other JAX test modules do at import
-    jnp = jax.numpy
-    import asd.jax as aj
-
-    w = 1 + np.random.default_rng(0).random(119)
-    w[0] = 1e15
-    f = lambda z: jnp.sum(w * z[:-1] * z[1:]) + jnp.sum(z ** 2)  # noqa: E731
-    x = jnp.asarray(np.random.default_rng(1).random(120))
+    jax, aj, f, x = _jax_coupled_chain()
     op = aj.prepare_hessian(f, x)
     jax.jit(op.values)(x)
     with pytest.warns(asd.PrecisionWarning):

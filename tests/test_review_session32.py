@@ -525,3 +525,10 @@ def test_jax_screen_under_jit_waits_for_an_eager_call():
     with pytest.warns(asd.PrecisionWarning):
         op(x)
     assert op.coloring.problem == "star"
+
+
+def test_the_substitution_screen_passes_over_the_meta_device():
+    """The screen copied meta values to the host (no data): Hessians on the meta device raised."""
+    x = torch.empty(30, dtype=torch.float64, device="meta")
+    H = asd.prepare_hessian(lambda z: (z[1:] * z[:-1]).sum() + (z ** 3).sum(), x, coloring="acyclic")(x)
+    assert H.device.type == "meta"

@@ -182,7 +182,14 @@ def _component_writes():
         torch.view_as_complex(y.reshape(-1, 2)).mul_(1j)
         return y * x.flip(0)
 
-    return [imag_zeroed, pair_slot_set, imag_copied, real_assigned, rotated_through_complex_view]
+    def nested_complex_views(x):  # the review: a write reached one level of complex views only
+        y = x.clone()
+        zc = torch.view_as_complex(y.reshape(-1, 2))
+        torch.view_as_complex(torch.view_as_real(zc)).mul_(x[0])
+        return y * x.flip(0)
+
+    return [imag_zeroed, pair_slot_set, imag_copied, real_assigned, rotated_through_complex_view,
+            nested_complex_views]
 
 
 @pytest.mark.parametrize("f", _component_writes(), ids=lambda f: f.__name__)

@@ -1018,8 +1018,10 @@ class Tracer:
                         raise TracingError(_ALIAS_COPY)
                     if t._storage.alias_copies:
                         raise TracingError(_ALIAS_COPY)
-                    if any_meta and t._storage.complex_base is not None:
-                        t._storage.complex_base._storage.make_meta()
+                    storage = t._storage
+                    while any_meta and storage.complex_base is not None:  # the real tensors it views, nested
+                        storage = storage.complex_base._storage
+                        storage.make_meta()
                     if any(t._storage is s for s in self._input_storages):
                         self.writes_input = True
                     if any_meta:
@@ -1066,10 +1068,11 @@ class Tracer:
                     # also with recording off (a no_grad region, an autograd.Function's forward): the
                     # written sets are what reverse mode sees wherever the result is tracked
                     self._write(target, s)
-                    real = target._storage.complex_base
-                    if real is not None:  # through view_as_complex: each real pair gets its element's sets
-                        z = target._storage
+                    z = target._storage
+                    while z.complex_base is not None:  # through view_as_complex: each real pair gets its element's sets
+                        real = z.complex_base
                         self._write(real, S.take_rows(z.sets, np.repeat(np.arange(z.rows, dtype=np.int64), 2)))
+                        z = real._storage
                 elif s is not None and s.nnz:
                     # through a detached alias autograd does not see the write: the tensor behind it
                     # keeps the dependencies it had, as reverse mode sees them

@@ -392,6 +392,12 @@ def _misuse(rank: int, world: int, store: str) -> None:
             op(x if rank == 0 else torch.ones(33, dtype=torch.float64))
         with pytest.raises(asd.InputError, match="different x"):
             op(x + rank)
+        scaled = lambda z, c: c * z * z.roll(1)  # noqa: E731
+        by_c = asd.distributed.prepare_jacobian(scaled, x, args=(1.0,))
+        with pytest.raises(asd.InputError, match="extra arguments"):  # rank 0's arguments were never checked
+            by_c(x) if rank == 0 else by_c(x, 5.0)
+        torch.testing.assert_close((by_c(x) if rank == 0 else by_c(x, 1.0)).to_dense(),  # the prepared ones
+                                   _dense_jacobian(lambda z: scaled(z, 1.0), x))
         probed = asd.distributed.prepare_jacobian(where, x, local=True, output="root")
         with pytest.raises(asd.AsdError):  # rank 0's bad input under a probed root output: rank 1 hung
             probed(x if rank == 1 else torch.ones(33, dtype=torch.float64))

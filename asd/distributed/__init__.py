@@ -62,11 +62,11 @@ def prepare_jacobian(f: Callable, x: torch.Tensor, **options) -> DistributedJaco
         ``local=True`` or a given ``pattern``, and of a call with extra arguments other than the
         prepared ones, are checked by a probe (:class:`asd.CheckError` on every rank where the
         pattern does not hold); the probe needs the whole matrix on a rank, so ``output="rows"``
-        refuses them. A call whose ``x`` differs between ranks raises :class:`asd.InputError` on
-        every rank that receives values, as does one rank's bad input (the others raise
-        :class:`asd.AsdError`); with ``output="root"`` only rank 0 receives them, and the other
-        ranks return ``None`` (a probed call's verdict reaches every rank). ``f`` and the extra
-        arguments must be the same on every rank: that is not checked.
+        refuses them. A call whose ``x`` or extra arguments differ between ranks raises
+        :class:`asd.InputError` on every rank that receives values, as does one rank's bad input
+        (the others raise :class:`asd.AsdError`); with ``output="root"`` only rank 0 receives them,
+        and the other ranks return ``None`` (a probed call's verdict reaches every rank). ``f``
+        must be the same on every rank: that is not checked.
 
     Raises
     ------

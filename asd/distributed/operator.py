@@ -160,10 +160,49 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
     return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
 
 
-def stamp(x: torch.Tensor, dtype: torch.dtype) -> float:
-    """A number at least 1 that differs between different bit patterns of ``x`` but for chance
-    (about 2^-p, ``p`` the mantissa bits of ``dtype``, in which it is exact): what each rank sends
-    beside its products, to find ranks called with different inputs."""
+def stamp(x: torch.Tensor, dtype: torch.dtype, extra: int = 0) -> float:
+    """A number at least 1 that differs between different bit patterns of ``x`` (and different
+    ``extra``, a digest of the call's extra arguments) but for chance (about 2^-p, ``p`` the mantissa
+    bits of ``dtype``, in which it is exact): what each rank sends beside its products, to find
+    ranks called with different inputs."""
+    h = _bits_digest(x)
+    bits = int(round(-math.log2(torch.finfo(dtype).eps)))
+    return float((h * 1000003 + extra) % (1 << bits) + 1)
+
+
+def args_digest(pair: tuple) -> int:
+    """A digest of a call's extra arguments that is the same in every process for the same values:
+    tensors by their bits, numbers, strings, ``None`` and booleans by value, containers by their
+    items; any other object by its type's name only."""
+    import hashlib
+
+    parts: list = []
+
+    def walk(a) -> None:
+        if isinstance(a, torch.Tensor):
+            parts.append(f"T{tuple(a.shape)}{a.dtype}{_bits_digest(a) if a.numel() else 0}")
+        elif isinstance(a, (bool, int, float, complex, str, bytes, type(None))):
+            parts.append(f"{type(a).__name__}:{a!r}")
+        elif isinstance(a, (tuple, list)):
+            parts.append(f"{type(a).__name__}[")
+            for b in a:
+                walk(b)
+            parts.append("]")
+        elif isinstance(a, dict):
+            parts.append("{")
+            for k in sorted(a, key=repr):
+                parts.append(repr(k))
+                walk(a[k])
+            parts.append("}")
+        else:
+            parts.append(type(a).__qualname__)
+
+    walk(pair)
+    return int.from_bytes(hashlib.blake2b("|".join(parts).encode(), digest_size=8).digest(), "little")
+
+
+def _bits_digest(x: torch.Tensor) -> int:
+    """An integer digest of ``x``'s bit pattern, computed on its device."""
     flat = x.detach().reshape(-1)
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
@@ -173,8 +212,7 @@ def stamp(x: torch.Tensor, dtype: torch.dtype) -> float:
     h = 0
     for k in range(0, 8 * flat.element_size(), 16):  # 16-bit pieces: the sums stay far from overflow
         h = h * 1000003 + int(((ints >> k) & 0xFFFF).mul_(w).sum())
-    bits = int(round(-math.log2(torch.finfo(dtype).eps)))
-    return float(h % (1 << bits) + 1)
+    return h
 
 
 def _row_lengths(coloring) -> np.ndarray:
@@ -294,6 +332,7 @@ class DistributedOperator:
         self._call_args = self._prepared_args
         self._args_fingerprint = fingerprint(self._prepared_args)
         self._args_snapshot = arg_values.snapshot(self._prepared_args)
+        self._prepared_digest: int | None = None
         self._guard = ModuleStateGuard(f)
         g = flat(lambda z: f(z, *self._call_args[0], **self._call_args[1]), self.shape)
 
@@ -399,7 +438,9 @@ class DistributedOperator:
             checked = self._checks(pair)
         except Exception:  # noqa: BLE001 - arguments the fingerprint cannot read are checked
             checked = True
+        digest = 0
         try:  # a failure travels in the status slot: raised before the exchange, the others would wait forever
+            digest = self._digest(pair)
             if isinstance(x, np.ndarray):
                 raise InputError(f"{self._what} takes a torch.Tensor of shape {self.shape} (a collective), got a "
                                  "numpy array: convert it with torch.from_numpy")
@@ -412,8 +453,8 @@ class DistributedOperator:
         if failure is not None:
             local = torch.zeros(self._shares.size(self.rank), dtype=self.dtype, device=self.device)
         # the status slot: -1 for a failure, else a stamp of x, the same on every rank called alike
-        flag = torch.full((1,), -1.0 if failure is not None else stamp(x, self.dtype), dtype=self.dtype,
-                          device=self.device)
+        status = -1.0 if failure is not None else stamp(x, self.dtype, digest)
+        flag = torch.full((1,), status, dtype=self.dtype, device=self.device)
         payload = torch.cat([local.detach().to(self.dtype), flag]).index_select(0, self._send)
         received, sent, got = _communicate(self._exchange, payload, self.group, self._src, self.rank,
                                            self.world_size)
@@ -428,8 +469,9 @@ class DistributedOperator:
                 error = AsdError(f"rank(s) {failed} of the group failed to evaluate their products (their own "
                                  "error is raised there)")
             elif bool((flags != flags[0]).any()):
-                error = InputError(f"{self._what} was called with different x on different ranks (a collective: "
-                                   "every rank must pass the same x); their products do not make one matrix")
+                error = InputError(f"{self._what} was called with different x (or extra arguments) on different "
+                                   "ranks (a collective: every rank must pass the same ones); their products do "
+                                   "not make one matrix")
             else:
                 values = self._finish(received.index_select(0, self._take))
         if checked:
@@ -437,6 +479,14 @@ class DistributedOperator:
         if error is not None:
             raise error
         return values
+
+    def _digest(self, pair: tuple) -> int:
+        """:func:`args_digest` of the call's extra arguments (the prepared ones' computed once)."""
+        if pair is self._prepared_args:
+            if self._prepared_digest is None:
+                self._prepared_digest = args_digest(pair)
+            return self._prepared_digest
+        return args_digest(pair)
 
     def _checks(self, pair: tuple) -> bool:
         """Whether the probe checks this call: a pattern that holds at a point (``local=True``) or is

@@ -497,6 +497,8 @@ class _SparseOperator:
                     # Hessian at 0): such a call is evaluated by the operator's own strategy. A NaN
                     # or an infinity makes the sum non-finite (so does an overflowing sum: then the
                     # operator's strategy evaluates a call it did not need to)
+                    if out.is_meta:  # shapes only: nothing to be finite
+                        return out
                     total = out.detach().sum(dtype=torch.float64) if out.is_floating_point() else out.detach().sum()
                     if bool(torch.isfinite(total)):
                         return out

@@ -539,3 +539,40 @@ def test_the_substitution_screen_passes_over_the_meta_device():
     x = torch.empty(30, dtype=torch.float64, device="meta")
     H = asd.prepare_hessian(lambda z: (z[1:] * z[:-1]).sum() + (z ** 3).sum(), x, coloring="acyclic")(x)
     assert H.device.type == "meta"
+
+
+def _conj_then_written():
+    def hermitian_sum(x):
+        z = torch.complex(x[:4], x[4:]).clone()
+        z += z.conj()  # the conj() temporary is read by the write and never again
+        return torch.view_as_real(z).reshape(-1) * x
+
+    def hermitian_fill(x):
+        z = torch.complex(x[:4], x[4:]).clone()
+        z[0] = z[3].conj()
+        return torch.view_as_real(z).reshape(-1) * x
+
+    def plus_adjoint(x):
+        A = torch.complex(x[:4], x[4:]).reshape(2, 2).clone()
+        A += A.mH
+        return torch.view_as_real(A).reshape(-1) * x
+
+    def ihfft_scaled(x):
+        z = torch.fft.ihfft(x)  # a lazily conjugated result whose base f never sees
+        z.mul_(x[0])
+        return z.abs()
+
+    return [hermitian_sum, hermitian_fill, plus_adjoint, ihfft_scaled]
+
+
+@pytest.mark.parametrize("f", _conj_then_written(), ids=lambda f: f.__name__)
+@pytest.mark.parametrize("local", [False, True])
+def test_writes_beside_a_conj_view_that_is_not_read_again_are_traced(f, local):
+    """The second review: refusing every write while a conj() copy lived refused z += z.conj(),
+    A += A.mH and writes into fft.ihfft's result, which traced before. A stale copy now raises only
+    where it is read."""
+    x = torch.tensor([0.3, -0.5, 0.7, 0.2, -0.4, -0.9, 0.1, 0.6], dtype=torch.float64)
+    D = torch.autograd.functional.jacobian(f, x)
+    P = asd.jacobian_sparsity(f, x, local=local).toarray()
+    assert not ((D != 0).numpy() & ~P).any()
+    torch.testing.assert_close(asd.sparse_jacobian(f, x, local=local).to_dense(), D)

@@ -97,7 +97,7 @@ def window_positions(bound: dict, x: torch.Tensor) -> np.ndarray:
 class Storage:
     """Index sets (and the primal base tensor) shared by a base tensor and all its views."""
 
-    __slots__ = ("primal", "_sets", "_pending", "epoch", "read_only", "geometry", "alias_copies", "complex_base")
+    __slots__ = ("primal", "_sets", "_pending", "epoch", "read_only", "geometry", "alias_copies", "complex_base", "copy_of", "stale")
 
     def __init__(self, primal: torch.Tensor, sets: "sp.csr_matrix | S.PendingUnion"):
         self.primal = primal
@@ -113,6 +113,12 @@ class Storage:
         #: for the storage ``view_as_complex`` made: the real tensor it views, which a write into
         #: this storage also writes
         self.complex_base: "TracedTensor | None" = None
+        #: for the storage of a ``conj()`` (negative view) copy: the storage it copies, which a write
+        #: into this one leaves behind
+        self.copy_of: "Storage | None" = None
+        #: why the sets (and values) no longer follow PyTorch's: a write into a tensor this storage
+        #: copies where PyTorch aliases, or through such a copy into this one. Read, it raises.
+        self.stale: str | None = None
         # the layout whose elements (row-major) the rows of ``sets`` are, and its element size: fixed
         # here, as an in-place view op (t_, as_strided_) on the owning tensor changes its primal's
         self.geometry = (tuple(primal.shape), tuple(primal.stride()), primal.storage_offset(), primal.element_size())
@@ -218,7 +224,10 @@ class TracedTensor(torch.Tensor):
 
     @property
     def sets(self) -> sp.csr_matrix:
-        """Index sets of this tensor's elements (row-major), shape ``(numel, n)``."""
+        """Index sets of this tensor's elements (row-major), shape ``(numel, n)``. Reading those of a
+        stale storage (:attr:`Storage.stale`) raises; a view of it is made without reading them."""
+        if self._storage.stale is not None:
+            raise TracingError(self._storage.stale)
         base = self._storage.sets
         if self._idx is None:
             return base

@@ -919,7 +919,8 @@ class Tracer:
     def _alias_copy(base: TracedTensor, copy: TracedTensor) -> None:
         """``copy`` aliases ``base`` in PyTorch and is followed as a copy: a write into ``copy``, or
         into ``base``'s storage while ``copy`` lives, raises :class:`TracingError`."""
-        copy._storage.read_only = _ALIAS_COPY
+        copy._storage.copy_of = base._storage
+        copy._storage.stale = base._storage.stale
         if base._storage.alias_copies is None:
             base._storage.alias_copies = weakref.WeakSet()
         base._storage.alias_copies.add(copy)
@@ -1014,10 +1015,6 @@ class Tracer:
             targets = target if isinstance(target, (list, tuple)) else [target]
             for t in targets:
                 if isinstance(t, TracedTensor):
-                    if t._storage.read_only is not None and t._storage.read_only is _ALIAS_COPY:
-                        raise TracingError(_ALIAS_COPY)
-                    if t._storage.alias_copies:
-                        raise TracingError(_ALIAS_COPY)
                     storage = t._storage
                     while any_meta and storage.complex_base is not None:  # the real tensors it views, nested
                         storage = storage.complex_base._storage
@@ -1073,6 +1070,7 @@ class Tracer:
                         real = z.complex_base
                         self._write(real, S.take_rows(z.sets, np.repeat(np.arange(z.rows, dtype=np.int64), 2)))
                         z = real._storage
+                    _leave_behind(target._storage)
                 elif s is not None and s.nnz:
                     # through a detached alias autograd does not see the write: the tensor behind it
                     # keeps the dependencies it had, as reverse mode sees them
@@ -1086,7 +1084,12 @@ class Tracer:
         if rows is not None:  # as_strided: positions in the storage, wherever the base starts
             return self._view(base, call.outs[0], rows, of_storage=True)
         ids_list = view_ids(call, base)
-        if ids_list is None:  # no id map: treat as a conservative copy
+        if ids_list is None and base._storage.stale is not None:  # a copy of a stale tensor is stale
+            wrapped = [self.wrap(t, None) for t in call.outs]
+            for w in wrapped:
+                if isinstance(w, TracedTensor):
+                    w._storage.stale = base._storage.stale
+        elif ids_list is None:  # no id map: treat as a conservative copy
             out_sets = self._run_rule(call)
             wrapped = [self.wrap(t, s) for t, s in zip(call.outs, out_sets)]
         else:
@@ -1173,11 +1176,21 @@ class Tracer:
 
 
 _COMPONENT_VIEWS = frozenset({aten.view_as_real.default, aten.real.default, aten.imag.default})
+def _leave_behind(storage) -> None:
+    """After a write into ``storage``: where asd copies what PyTorch aliases (a ``conj()`` view), the
+    other side no longer follows it, and reading it later raises (it may never be read:
+    ``z += z.conj()``, ``fft.ihfft(x).mul_(2)``)."""
+    if storage.copy_of is not None:
+        storage.copy_of.stale = _ALIAS_COPY
+    for copy in list(storage.alias_copies or ()):
+        copy._storage.stale = _ALIAS_COPY
+
+
 _LAZY_ALIASES = frozenset({aten._conj.default, aten._neg_view.default})
-_ALIAS_COPY = ("a write into a tensor while a view of it that asd follows as a copy is alive (torch.view_as_complex, "
-               "or conj() of a complex tensor), or through such a conj() view, cannot be traced: take the view of "
-               "a clone (torch.view_as_complex(y.clone()), z.clone().conj()), or write before taking it; a write "
-               "through a view_as_complex view is followed")
+_ALIAS_COPY = ("a tensor read after a write into a view of it, or into the tensor it views, cannot be traced where "
+               "asd follows the view as a copy (torch.view_as_complex, conj() of a complex tensor): take the view "
+               "of a clone (torch.view_as_complex(y.clone()), z.clone().conj()), or take it after the write; a "
+               "write through a view_as_complex view is followed")
 
 # Whether a read-only element map owning its data (the memoized ids of a view op, shared by every
 # trace that makes the same view) is the identity, by the array's id, with a weak reference to the array: the entry

@@ -172,33 +172,38 @@ def stamp(x: torch.Tensor, dtype: torch.dtype, extra: int = 0) -> float:
 
 def args_digest(pair: tuple) -> int:
     """A digest of a call's extra arguments that is the same in every process for the same values:
-    tensors by their bits, numbers, strings, ``None`` and booleans by value, containers by their
-    items; any other object by its type's name only."""
+    tensors by their bits, numbers, strings, ``None`` and booleans by value, containers (and dict
+    keys) by their items; any other object by its type's name only."""
     import hashlib
 
-    parts: list = []
+    return int.from_bytes(hashlib.blake2b(_form(pair).encode(), digest_size=8).digest(), "little")
 
-    def walk(a) -> None:
-        if isinstance(a, torch.Tensor):
-            parts.append(f"T{tuple(a.shape)}{a.dtype}{_bits_digest(a) if a.numel() else 0}")
-        elif isinstance(a, (bool, int, float, complex, str, bytes, type(None))):
-            parts.append(f"{type(a).__name__}:{a!r}")
-        elif isinstance(a, (tuple, list)):
-            parts.append(f"{type(a).__name__}[")
-            for b in a:
-                walk(b)
-            parts.append("]")
-        elif isinstance(a, dict):
-            parts.append("{")
-            for k in sorted(a, key=repr):
-                parts.append(repr(k))
-                walk(a[k])
-            parts.append("}")
-        else:
-            parts.append(type(a).__qualname__)
 
-    walk(pair)
-    return int.from_bytes(hashlib.blake2b("|".join(parts).encode(), digest_size=8).digest(), "little")
+def _form(a) -> str:
+    if isinstance(a, torch.Tensor):
+        return f"T{tuple(a.shape)}{a.dtype}:{_tensor_digest(a)}"
+    if isinstance(a, (bool, int, float, complex, str, bytes, type(None))):
+        return f"{type(a).__name__}:{a!r}"
+    if isinstance(a, (tuple, list)):
+        return f"{type(a).__name__}[{','.join(_form(b) for b in a)}]"
+    if isinstance(a, dict):
+        return "{" + ",".join(sorted(f"{_form(k)}={_form(v)}" for k, v in a.items())) + "}"
+    return type(a).__qualname__
+
+
+def _tensor_digest(t: torch.Tensor) -> int:
+    """:func:`_bits_digest` of a tensor's values, of a sparse one's indices and values; 0 where it
+    has no values to read (meta, or a layout the digest cannot read)."""
+    try:
+        t = t.detach()
+        if t.is_meta or t.numel() == 0:
+            return 0
+        if t.layout != torch.strided:
+            coo = t.to_sparse_coo().coalesce()
+            return _bits_digest(coo.indices()) * 1000003 + _bits_digest(coo.values())
+        return _bits_digest(t.resolve_conj().resolve_neg())
+    except Exception:  # noqa: BLE001 - a kind of tensor the digest cannot read: its shape and dtype only
+        return 0
 
 
 def _bits_digest(x: torch.Tensor) -> int:

@@ -576,3 +576,20 @@ def test_writes_beside_a_conj_view_that_is_not_read_again_are_traced(f, local):
     P = asd.jacobian_sparsity(f, x, local=local).toarray()
     assert not ((D != 0).numpy() & ~P).any()
     torch.testing.assert_close(asd.sparse_jacobian(f, x, local=local).to_dense(), D)
+
+
+def test_the_distributed_argument_digest_reads_values_not_identities():
+    """Second review: a dict key was digested by its repr (a per-process address for a plain
+    object), so identical calls on two ranks disagreed; sparse and conjugated tensor arguments made
+    the digest fail."""
+    from asd.distributed.operator import args_digest
+
+    class Key:
+        pass
+
+    A = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert args_digest(((), {"cfg": {Key(): 2.0}})) == args_digest(((), {"cfg": {Key(): 2.0}}))
+    assert args_digest(((), {"cfg": {Key(): 2.0}})) != args_digest(((), {"cfg": {Key(): 3.0}}))
+    for arg in (A.to_sparse(), A.to_sparse_csr(), torch.complex(A, A).conj(), torch.empty(3, device="meta")):
+        assert args_digest(((arg,), {})) == args_digest(((arg.clone(),), {}))
+    assert args_digest(((A.to_sparse(),), {})) != args_digest(((A.to_sparse() * 2,), {}))

@@ -10,16 +10,21 @@ tensors (sparse layouts) by the bits of their COO indices and values; any other 
 ``values=True`` fingerprint (:func:`asd.cache.fingerprint`: float attributes by value, tensors in it
 by identity, so the operator keeps the arguments of a snapshot alive). Containers nested deeper than
 the snapshot walks always count as different.
+
+:func:`digest` summarizes the same values as one number that is the same in every process (what
+the ranks of a process group compare): other objects count there by their type's name only.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import torch
 
 from .cache import fingerprint
 
-__all__ = ["snapshot", "same"]
+__all__ = ["snapshot", "same", "digest", "bits_digest"]
 
 _MAX_DEPTH = 4
 
@@ -111,3 +116,64 @@ def _number(v) -> tuple:
     if isinstance(v, complex):
         return (type(v), float(v.real).hex(), float(v.imag).hex())
     return (type(v), float(v).hex())
+
+
+def digest(obj) -> int:
+    """A hash of the values in ``obj`` that is the same in every process for the same values:
+    tensors and arrays by their bits (sparse ones by their coalesced COO indices and values; meta
+    ones by shape and dtype), numbers by value, containers and dict keys by their items, any other
+    object by its type's name."""
+    h = hashlib.blake2b(digest_size=8)
+    _feed(h, obj, 0)
+    return int.from_bytes(h.digest(), "little")
+
+
+def _feed(h, obj, depth: int) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        h.update(f"T{tuple(t.shape)}{t.dtype}{t.layout}".encode())
+        if t.is_meta:
+            return
+        try:
+            if t.layout != torch.strided:
+                coo = t.to_sparse_coo().coalesce()
+                h.update(str(bits_digest(coo.indices())).encode())
+                t = coo.values()
+            h.update(str(bits_digest(t.resolve_conj().resolve_neg())).encode())
+        except Exception:  # noqa: BLE001 - a kind of tensor whose bits cannot be read: shape and dtype only
+            h.update(b"?")
+    elif isinstance(obj, np.ndarray):
+        h.update(f"A{obj.shape}{obj.dtype}".encode() + np.ascontiguousarray(obj).tobytes())
+    elif isinstance(obj, (bool, int, float, complex)):
+        h.update(repr(_number(obj)).encode())
+    elif isinstance(obj, (str, bytes, type(None))):
+        h.update(f"{type(obj).__name__}:{obj!r}".encode())
+    elif isinstance(obj, (list, tuple, dict)) and depth < _MAX_DEPTH:
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        parts = []
+        for k, v in items:
+            sub = hashlib.blake2b(digest_size=8)
+            if isinstance(obj, dict):
+                _feed(sub, k, depth + 1)
+            _feed(sub, v, depth + 1)
+            parts.append(sub.digest())
+        h.update(f"{type(obj).__name__}[".encode() + b"".join(sorted(parts) if isinstance(obj, dict) else parts) + b"]")
+    else:
+        h.update(type(obj).__qualname__.encode())
+
+
+def bits_digest(t: torch.Tensor) -> int:
+    """An integer digest of a dense tensor's bit pattern, reduced on its device (one number comes
+    to the host, not the data): the same in every process for the same bits."""
+    flat = t.detach().reshape(-1)
+    if flat.is_complex():
+        flat = torch.view_as_real(flat).reshape(-1)
+    if flat.numel() == 0:
+        return 0
+    size = flat.element_size()
+    ints = flat.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[size]).to(torch.int64)
+    w = (torch.arange(ints.numel(), dtype=torch.int64, device=ints.device) * 40503 + 12345) % 32749 + 1
+    h = 0
+    for k in range(0, 8 * size, 16):  # 16-bit pieces: the weighted sums stay far from overflow
+        h = h * 1000003 + int(((ints >> k) & 0xFFFF).mul_(w).sum())
+    return h

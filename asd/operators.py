@@ -30,7 +30,7 @@ from .cache import ValueGuard, fingerprint
 from .checks import CheckReport, checks_forced, probe
 from .backends.autograd_loop import AutogradLoop
 from .detection.ad_gaps import refusal_fix, unsafe_modes
-from .errors import ADGapError, ADGapWarning, AsdError, CheckError, InputError, PrecisionWarning, TransformUnsupported
+from .errors import ADGapError, ADGapWarning, AsdError, CheckError, InputError, TransformUnsupported
 from .decompression.plans import SubstitutionPlan
 from .guards import ModuleStateGuard
 from .memory import auto_batch_size
@@ -1016,25 +1016,19 @@ class SparseHessian(_SparseOperator):
             return False
         if self._screened and not (changed or self.check_mode is True):
             return False
-        from .decompression.precision import substitution_excess
+        from .decompression.precision import substitution_excess, warn_lost_precision
 
         excess = substitution_excess(self.coloring.plan, self.coloring.pattern, values)
         self._screened = True
         if excess <= 1.0:
             return False
         if self._rechoose is None:
-            warnings.warn(f"asd: substitution (the acyclic coloring) may have put rounding up to {excess:.3g} times "
-                          "what a check tolerates into some Hessian entries at this x (a large entry feeds a chain "
-                          "of small ones); coloring='star' decompresses each entry directly", PrecisionWarning,
-                          stacklevel=4)
+            warn_lost_precision(excess, stacklevel=4)
             return False
         order, batch_size, trace, explicit = self._rechoose
         result = self._choose_coloring(lambda: choose_hessian(self.pattern, "star", order, exact_arithmetic=True,
                                                               max_levels=None))
-        warnings.warn(f"asd: substitution (the acyclic coloring chosen for this Hessian) may have put rounding up to "
-                      f"{excess:.3g} times what a check tolerates into some entries at this x; the operator now "
-                      f"decompresses directly with a star coloring ({result.ncolors} colors instead of "
-                      f"{self.ncolors})", PrecisionWarning, stacklevel=4)
+        warn_lost_precision(excess, switched=(result.ncolors, self.ncolors), stacklevel=4)
         self._setup(self._g, result, x, None, batch_size, self._compile, self.check_mode, trace,
                     hvp=HVP_BACKENDS[self._hvp], explicit=explicit)
         self._rechoose = None

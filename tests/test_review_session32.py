@@ -582,7 +582,7 @@ def test_the_distributed_argument_digest_reads_values_not_identities():
     """Second review: a dict key was digested by its repr (a per-process address for a plain
     object), so identical calls on two ranks disagreed; sparse and conjugated tensor arguments made
     the digest fail."""
-    from asd.distributed.operator import args_digest
+    from asd.arg_values import digest as args_digest
 
     class Key:
         pass

@@ -12,12 +12,14 @@ counts at that floor.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
 from .plans import SubstitutionPlan
 
-__all__ = ["substitution_excess"]
+__all__ = ["substitution_excess", "warn_lost_precision"]
 
 
 def substitution_excess(plan: SubstitutionPlan, pattern, values: torch.Tensor) -> float:
@@ -36,3 +38,18 @@ def substitution_excess(plan: SubstitutionPlan, pattern, values: torch.Tensor) -
     return float(rounding_excess(v, np.asarray(pattern.indptr, dtype=np.int64),
                                  np.asarray(pattern.indices, dtype=np.int64), plan.step_pos, plan.step_pos_t,
                                  plan.dep_ptr, plan.dep_pos, eps, tolerance_of(eps), ROW_FLOOR_POWER))
+
+
+def warn_lost_precision(excess: float, *, switched: tuple[int, int] | None = None, stacklevel: int = 2) -> None:
+    """An :class:`asd.PrecisionWarning` for a :func:`substitution_excess` above 1: the operator
+    decompresses with a star coloring from now on (``switched``: its number of colors and the
+    acyclic one's), or it keeps the acyclic coloring it was given."""
+    from ..errors import PrecisionWarning
+
+    said = (f"asd: substitution (the acyclic coloring) may have put rounding up to {excess:.3g} times what a check "
+            "tolerates into some Hessian entries at this x (a large entry feeds a chain of small ones); ")
+    if switched is None:
+        said += "coloring='star' decompresses each entry directly"
+    else:
+        said += f"the operator now decompresses directly with a star coloring ({switched[0]} colors instead of {switched[1]})"
+    warnings.warn(said, PrecisionWarning, stacklevel=stacklevel + 1)

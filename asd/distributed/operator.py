@@ -37,8 +37,8 @@ from ..detection.jacobian import check_input
 from .. import arg_values
 from ..cache import fingerprint
 from ..checks import probe
-from ..decompression.precision import substitution_excess
-from ..errors import ADGapWarning, AsdError, CheckError, InputError, PrecisionWarning
+from ..decompression.precision import substitution_excess, warn_lost_precision
+from ..errors import ADGapWarning, AsdError, CheckError, InputError
 from ..guards import ModuleStateGuard
 from ..memory import auto_batch_size
 from ..operators import (_WRITES_ANYWAY, EVAL_LOCK, HVP_MODES, SparseHessian, SparseJacobian, _check_call_input,
@@ -156,68 +156,14 @@ def _on_device(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _int_view(t: torch.Tensor) -> torch.Tensor:
-    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
-
-
 def stamp(x: torch.Tensor, dtype: torch.dtype, extra: int = 0) -> float:
     """A number at least 1 that differs between different bit patterns of ``x`` (and different
     ``extra``, a digest of the call's extra arguments) but for chance (about 2^-p, ``p`` the mantissa
     bits of ``dtype``, in which it is exact): what each rank sends beside its products, to find
     ranks called with different inputs."""
-    h = _bits_digest(x)
+    h = arg_values.bits_digest(x)
     bits = int(round(-math.log2(torch.finfo(dtype).eps)))
     return float((h * 1000003 + extra) % (1 << bits) + 1)
-
-
-def args_digest(pair: tuple) -> int:
-    """A digest of a call's extra arguments that is the same in every process for the same values:
-    tensors by their bits, numbers, strings, ``None`` and booleans by value, containers (and dict
-    keys) by their items; any other object by its type's name only."""
-    import hashlib
-
-    return int.from_bytes(hashlib.blake2b(_form(pair).encode(), digest_size=8).digest(), "little")
-
-
-def _form(a) -> str:
-    if isinstance(a, torch.Tensor):
-        return f"T{tuple(a.shape)}{a.dtype}:{_tensor_digest(a)}"
-    if isinstance(a, (bool, int, float, complex, str, bytes, type(None))):
-        return f"{type(a).__name__}:{a!r}"
-    if isinstance(a, (tuple, list)):
-        return f"{type(a).__name__}[{','.join(_form(b) for b in a)}]"
-    if isinstance(a, dict):
-        return "{" + ",".join(sorted(f"{_form(k)}={_form(v)}" for k, v in a.items())) + "}"
-    return type(a).__qualname__
-
-
-def _tensor_digest(t: torch.Tensor) -> int:
-    """:func:`_bits_digest` of a tensor's values, of a sparse one's indices and values; 0 where it
-    has no values to read (meta, or a layout the digest cannot read)."""
-    try:
-        t = t.detach()
-        if t.is_meta or t.numel() == 0:
-            return 0
-        if t.layout != torch.strided:
-            coo = t.to_sparse_coo().coalesce()
-            return _bits_digest(coo.indices()) * 1000003 + _bits_digest(coo.values())
-        return _bits_digest(t.resolve_conj().resolve_neg())
-    except Exception:  # noqa: BLE001 - a kind of tensor the digest cannot read: its shape and dtype only
-        return 0
-
-
-def _bits_digest(x: torch.Tensor) -> int:
-    """An integer digest of ``x``'s bit pattern, computed on its device."""
-    flat = x.detach().reshape(-1)
-    if flat.is_complex():
-        flat = torch.view_as_real(flat).reshape(-1)
-    ints = _int_view(flat.contiguous()).to(torch.int64)
-    n = ints.numel()
-    w = (torch.arange(n, dtype=torch.int64, device=ints.device) * 40503 + 12345) % 32749 + 1
-    h = 0
-    for k in range(0, 8 * flat.element_size(), 16):  # 16-bit pieces: the sums stay far from overflow
-        h = h * 1000003 + int(((ints >> k) & 0xFFFF).mul_(w).sum())
-    return h
 
 
 def _row_lengths(coloring) -> np.ndarray:
@@ -337,7 +283,6 @@ class DistributedOperator:
         self._call_args = self._prepared_args
         self._args_fingerprint = fingerprint(self._prepared_args)
         self._args_snapshot = arg_values.snapshot(self._prepared_args)
-        self._prepared_digest: int | None = None
         self._guard = ModuleStateGuard(f)
         g = flat(lambda z: f(z, *self._call_args[0], **self._call_args[1]), self.shape)
 
@@ -486,12 +431,9 @@ class DistributedOperator:
         return values
 
     def _digest(self, pair: tuple) -> int:
-        """:func:`args_digest` of the call's extra arguments (the prepared ones' computed once)."""
-        if pair is self._prepared_args:
-            if self._prepared_digest is None:
-                self._prepared_digest = args_digest(pair)
-            return self._prepared_digest
-        return args_digest(pair)
+        """:func:`asd.arg_values.digest` of the call's extra arguments, every call (a prepared tensor
+        argument may have been written since)."""
+        return arg_values.digest(pair)
 
     def _checks(self, pair: tuple) -> bool:
         """Whether the probe checks this call: a pattern that holds at a point (``local=True``) or is
@@ -537,9 +479,7 @@ class DistributedOperator:
                 self._screened = True
                 excess = substitution_excess(self.coloring.plan, self.coloring.pattern, values)
                 if excess > 1.0:
-                    warnings.warn(f"asd: substitution (the acyclic coloring) may have put rounding up to {excess:.3g} "
-                                  "times what a check tolerates into some Hessian entries at this x; "
-                                  "coloring='star' decompresses each entry directly", PrecisionWarning, stacklevel=4)
+                    warn_lost_precision(excess, stacklevel=4)
             if isinstance(self.output, Rows):
                 lo, hi = (int(self.coloring.indptr[r]) for r in self.row_range)
                 return values[lo:hi]

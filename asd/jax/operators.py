@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numbers
 import time
-import warnings
 from typing import Callable
 
 import jax
@@ -24,8 +23,8 @@ from ..coloring import symmetric_pattern
 from ..coloring.choose import choose_hessian, choose_jacobian
 from ..checks import ROW_FLOOR_POWER, _rows_agree, tolerance_of
 from ..decompression.plans import SubstitutionPlan
-from ..decompression.precision import substitution_excess
-from ..errors import CheckError, InputError, PrecisionWarning
+from ..decompression.precision import substitution_excess, warn_lost_precision
+from ..errors import CheckError, InputError
 from ..operators import HESSIAN_COLORINGS, JACOBIAN_COLORINGS, MODES
 from ..patterns import SparsityPattern, as_pattern
 from . import _coloring as C
@@ -413,15 +412,10 @@ class SparseHessian(_SparseOperator):
         if excess <= 1.0:
             return False
         if self._rechoose is None:
-            warnings.warn(f"asd.jax: substitution (the acyclic coloring) may have put rounding up to {excess:.3g} "
-                          "times what a check tolerates into some Hessian entries at this x; coloring='star' "
-                          "decompresses each entry directly", PrecisionWarning, stacklevel=4)
+            warn_lost_precision(excess, stacklevel=4)
             return False
         result = choose_hessian(self.pattern, "star", self._rechoose, exact_arithmetic=True, max_levels=None)
-        warnings.warn(f"asd.jax: substitution (the acyclic coloring chosen for this Hessian) may have put rounding up "
-                      f"to {excess:.3g} times what a check tolerates into some entries at this x; the operator now "
-                      f"decompresses directly with a star coloring ({result.ncolors} colors instead of "
-                      f"{self.ncolors})", PrecisionWarning, stacklevel=4)
+        warn_lost_precision(excess, switched=(result.ncolors, self.ncolors), stacklevel=4)
         self._finish(result, _hvp_products(self._g), self._batch_size, constants=False)
         self._with_grad = None
         self._rechoose = None

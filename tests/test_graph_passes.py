@@ -333,17 +333,103 @@ def test_join_in_place_keeps_gradients_of_operands_that_record_them():
     assert torch.equal(torch.autograd.grad(got.sum(), w)[0], torch.autograd.grad(want.sum(), w)[0])
 
 
-def test_the_brusselator_replay_writes_both_species_into_one_buffer():
+@pytest.mark.parametrize("mode, absent, jac", [
+    # forward mode stacks du and dv: computed into one buffer (join_in_place)
+    ("forward", (torch.ops.aten.stack.default, torch.ops.aten.cat.default), torch.func.jacfwd),
+    # reverse mode through u, v = y[0], y[1] sums two select_backward tensors: one buffer (sum_slots)
+    ("reverse", (torch.ops.aten.select_backward.default,), torch.func.jacrev),
+])
+def test_the_brusselator_replay_writes_both_species_into_one_buffer(mode, absent, jac):
     from asd.backends import traced
 
     f, x = brusselator(16), brusselator_input(16)
-    op = asd.prepare_jacobian(f, x, mode="forward", check=False)
+    op = asd.prepare_jacobian(f, x, mode=mode, check=False)
     for _ in range(traced.CALLS_BEFORE_TRACING + 2):
         op.values(x)
     products = getattr(op.state, "fused", None) or op.state.products
     replay = products.tracing.replay
     assert replay.chosen in ("folded", "pushed"), replay.notes
     targets = [n.target for n in _calls(replay.fast.gm)]
-    assert torch.ops.aten.stack.default not in targets and torch.ops.aten.cat.default not in targets
+    assert not set(absent) & set(targets), replay.fast.gm.code
     x2 = brusselator_input(16, seed=5)
-    torch.testing.assert_close(op(x2).to_dense(), torch.func.jacfwd(f)(x2), rtol=0, atol=1e-14)
+    torch.testing.assert_close(op(x2).to_dense(), jac(f)(x2), rtol=0, atol=1e-14)
+
+
+def _slot_sums(gm, args):
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from asd.backends.graph_passes import sum_slots
+
+    ShapeProp(gm).propagate(*args)
+    return sum_slots(gm)
+
+
+_aten = torch.ops.aten
+_SB, _SLB = _aten.select_backward.default, _aten.slice_backward.default
+_SLOT_CASES = {
+    # reverse mode through y[0], y[1]: every slot written once, no zero tensor per part
+    "two_selects": (lambda a, b: _SB(a, [2, 3, 4], 0, 0) + _SB(b, [2, 3, 4], 0, 1), [(3, 4), (3, 4)], 1),
+    # a slot left out stays +0.0; a negative index; the sum nested either way
+    "selects_partial": (lambda a, b, c: (_SB(a, [3, 4, 4], 2, -1) + _SB(b, [3, 4, 4], -1, 0)) + _SB(c, [3, 4, 4], 2, 1),
+                        [(3, 4), (3, 4), (3, 4)], 1),
+    "three_of_five": (lambda a, b, c: _SB(a, [5, 6], 0, 4) + (_SB(b, [5, 6], 0, 0) + _SB(c, [5, 6], 0, 2)),
+                      [(6,), (6,), (6,)], 1),
+    # y[:, :2] and y[:, 2:] (PyTorch's end for an open slice is INT64_MAX), and a select beside a slice
+    "slices": (lambda a, b: _SLB(a, [4, 6], 1, 0, 2, 1) + _SLB(b, [4, 6], 1, 2, 9223372036854775807, 1),
+               [(4, 2), (4, 4)], 1),
+    "slice_and_select": (lambda a, b: _SLB(a, [5, 3], 0, 1, 5, 1) + _SB(b, [5, 3], 0, 0), [(4, 3), (3,)], 1),
+    # left alone: overlapping slots, other dimensions, a stepped slice, a part read elsewhere, alpha
+    "overlap": (lambda a, b: _SB(a, [2, 3], 0, 1) + _SB(b, [2, 3], 0, -1), [(3,), (3,)], 0),
+    "overlapping_slices": (lambda a, b: _SLB(a, [4, 3], 0, 0, 3, 1) + _SLB(b, [4, 3], 0, 2, 4, 1), [(3, 3), (2, 3)], 0),
+    "other_dims": (lambda a, b: _SB(a, [3, 3], 0, 0) + _SB(b, [3, 3], 1, 1), [(3,), (3,)], 0),
+    "stepped": (lambda a, b: _SLB(a, [4, 3], 0, 0, 4, 2) + _SB(b, [4, 3], 0, 1), [(2, 3), (3,)], 0),
+    "part_read_twice": (lambda a, b: (lambda s: (s + _SB(b, [2, 3], 0, 1), s))(_SB(a, [2, 3], 0, 0)),
+                        [(3,), (3,)], 0),
+    "alpha": (lambda a, b: torch.add(_SB(a, [2, 3], 0, 0), _SB(b, [2, 3], 0, 1), alpha=2.0), [(3,), (3,)], 0),
+    "same_part_twice": (lambda a: (lambda s: s + s)(_SB(a, [2, 3], 0, 0)), [(3,)], 0),
+}
+
+
+def _bits(t):
+    return t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", sorted(_SLOT_CASES))
+def test_sum_slots_writes_each_slot_once_bit_for_bit(name, dtype):
+    """A sum of gradients scattered into disjoint slots becomes one buffer written slot by slot; the
+    result keeps every bit of the recorded sum, ``-0.0`` (0.0 + -0.0 is +0.0), NaN and inf included."""
+    fn, shapes, replaced = _SLOT_CASES[name]
+    g = torch.Generator().manual_seed(7)
+    args = [torch.randn(s, dtype=torch.float64, generator=g).to(dtype) for s in shapes]
+    gm = make_fx(fn)(*args)
+    assert _slot_sums(gm, args) == replaced
+    backwards = sum(n.target in (_SB, _SLB) for n in _calls(gm))
+    assert (backwards == 0) == bool(replaced)
+    outs = lambda v: (v,) if isinstance(v, torch.Tensor) else tuple(v)  # noqa: E731
+    special = [a.clone() for a in args]
+    for a in special:
+        flat = a.view(-1)
+        flat[0], flat[-1] = -0.0, float("nan")
+        if flat.numel() > 2:
+            flat[1] = float("-inf")
+    for point in (args, special):
+        for e, r in zip(outs(fn(*point)), outs(gm(*point))):
+            assert e.shape == r.shape and e.dtype == r.dtype
+            assert torch.equal(_bits(e), _bits(r))
+
+
+def test_sum_slots_keeps_float16_and_the_recorded_operations_where_gradients_are_recorded():
+    a, b = torch.randn(3, dtype=torch.float16), torch.randn(3, dtype=torch.float16)
+    fn = lambda a, b: _SB(a, [2, 3], 0, 0) + _SB(b, [2, 3], 0, 1)  # noqa: E731
+    assert _slot_sums(make_fx(fn)(a, b), [a, b]) == 0
+    a, b = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    gm = make_fx(fn)(a, b)
+    assert _slot_sums(gm, [a, b]) == 1
+    w = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    got, want = gm(a * w, b), fn(a * w, b)
+    assert got.requires_grad and torch.equal(got, want)
+    assert torch.equal(torch.autograd.grad((got * got).sum(), w)[0], torch.autograd.grad((want * want).sum(), w)[0])
+    with torch.no_grad():
+        batch = torch.randn(4, 3, dtype=torch.float64)
+        assert torch.equal(torch.func.vmap(gm, (0, None))(batch, b), torch.func.vmap(fn, (0, None))(batch, b))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-__all__ = ["simplify", "reuse_buffers", "join_in_place"]
+__all__ = ["simplify", "reuse_buffers", "join_in_place", "sum_slots"]
 
 
 def _pure(target) -> bool:
@@ -347,6 +347,137 @@ def join_in_place(gm: GraphModule) -> int:
         join.replace_all_uses_with(joined)
         joined.meta.update(join.meta)
         graph.erase_node(join)
+        done += 1
+    if done:
+        graph.lint()
+        gm.recompile()
+    return done
+
+
+_SLOT_GRADS = (_aten.select_backward.default, _aten.slice_backward.default)
+
+
+def _slot_leaf(node: Node, sizes, dim) -> "tuple[Node, int, int | None] | None":
+    """``(grad, start, length)`` of a ``select_backward`` (``length`` ``None``) or a step-1
+    ``slice_backward`` of ``sizes`` along ``dim`` used only once; ``None`` otherwise."""
+    if node.op != "call_function" or node.target not in _SLOT_GRADS or node.kwargs or len(node.users) != 1:
+        return None
+    grad, leaf_sizes, leaf_dim = node.args[:3]
+    if not isinstance(grad, Node) or list(leaf_sizes) != list(sizes):
+        return None
+    n = len(sizes)
+    if not isinstance(leaf_dim, int) or not -n <= leaf_dim < n or leaf_dim % n != dim:
+        return None
+    size = sizes[dim]
+    if node.target is _aten.select_backward.default:
+        index = node.args[3]
+        if not isinstance(index, int) or not -size <= index < size:
+            return None
+        return grad, index % size, None
+    start, end, step = node.args[3:6] if len(node.args) >= 6 else (*node.args[3:5], 1)
+    if not (isinstance(start, int) and isinstance(end, int) and step == 1):
+        return None
+    start = min(max(start + size if start < 0 else start, 0), size)
+    end = min(max(end + size if end < 0 else end, start), size)
+    return grad, start, end - start
+
+
+def _slot_sum_leaves(node: Node, sizes, dim, root: bool) -> "list | None":
+    """The leaves of a tree of ``add`` (``alpha`` 1) over slot gradients (:func:`_slot_leaf`),
+    every inner node used only by its parent; ``None`` where ``node`` is not such a tree."""
+    if node.op != "call_function":
+        return None
+    if node.target is _aten.add.Tensor:
+        if node.kwargs or len(node.args) != 2 or not (root or len(node.users) == 1):
+            return None
+        leaves = []
+        for a in node.args:
+            sub = _slot_sum_leaves(a, sizes, dim, False) if isinstance(a, Node) else None
+            if sub is None:
+                return None
+            leaves += sub
+        return leaves
+    leaf = _slot_leaf(node, sizes, dim)
+    return None if leaf is None else [leaf]
+
+
+def _sum_into_slots(sizes, dim: int, spans, *grads) -> torch.Tensor:
+    """The sum of ``select_backward`` / ``slice_backward`` of ``grads`` into disjoint ``spans``
+    (``(start, length)``, ``length`` ``None`` for a selected index) of a ``sizes`` tensor, written
+    into one buffer: each slot is ``grad + 0.0`` (what the recorded sum gives it: ``0.0 + g``, the
+    same bits, ``-0.0`` included), every other element ``+0.0``. A call that records derivatives
+    runs the recorded operations."""
+    if _records_derivatives(grads):
+        out = None
+        for (start, length), g in zip(spans, grads):
+            part = (_aten.select_backward.default(g, sizes, dim, start) if length is None
+                    else _aten.slice_backward.default(g, sizes, dim, start, start + length, 1))
+            out = part if out is None else out + part
+        return out
+    covered = sum(1 if length is None else length for _, length in spans)
+    ref = grads[0]
+    buf = (torch.empty if covered == sizes[dim] else torch.zeros)(sizes, dtype=ref.dtype, device=ref.device)
+    for (start, length), g in zip(spans, grads):
+        torch.add(g, 0.0, out=_slot(buf, dim, start, length))
+    return buf
+
+
+def sum_slots(gm: GraphModule) -> int:
+    """Replace each sum of gradients scattered into disjoint slots of one tensor (``select_backward``
+    / ``slice_backward`` of ``x[0]``, ``x[1]``, ``x[:, :k]``... added together: reverse mode through
+    the unpacking of ``x``), which allocates and fills a zero tensor per part and adds them all, by
+    one buffer whose slots are written once, in place in ``gm`` (for eager replay). Exact: a slot
+    holds ``g + 0.0`` as in the recorded sum (addition is commutative bit for bit, and adding
+    ``+0.0`` again changes nothing), for float32/float64, whose ``+`` is one correctly rounded
+    operation in any loop. Reads the nodes' ``tensor_meta``; returns the number of sums replaced."""
+    graph = gm.graph
+    done = 0
+    erased: set = set()
+    for node in reversed(list(graph.nodes)):  # the outermost sum first
+        if node in erased or node.op != "call_function" or node.target is not _aten.add.Tensor:
+            continue
+        out_meta = _contiguous_meta(node)
+        if out_meta is None or out_meta.dtype not in _FULL_FLOATS or not len(out_meta.shape):
+            continue
+        sizes = [int(s) for s in out_meta.shape]
+        first = node
+        while isinstance(first, Node) and first.op == "call_function" and first.target is _aten.add.Tensor and first.args:
+            first = first.args[0]
+        if (not isinstance(first, Node) or first.op != "call_function" or first.target not in _SLOT_GRADS
+                or len(first.args) < 3 or not isinstance(first.args[2], int)):
+            continue
+        dim = first.args[2] % len(sizes)
+        leaves = _slot_sum_leaves(node, sizes, dim, True)
+        if not leaves or len(leaves) < 2:
+            continue
+        spans, covered = [], [False] * sizes[dim]
+        for g, start, length in leaves:
+            gm_meta = g.meta.get("tensor_meta")
+            width = 1 if length is None else length
+            if gm_meta is None or gm_meta.dtype != out_meta.dtype or any(covered[start:start + width]):
+                spans = None
+                break
+            covered[start:start + width] = [True] * width
+            spans.append((start, length))
+        if not spans:
+            continue
+        # the tree's inner adds and leaves go with it (each used only on its way to the root)
+        inner = []
+        stack = list(node.args)
+        while stack:
+            a = stack.pop()
+            inner.append(a)
+            if a.target is _aten.add.Tensor:
+                stack += list(a.args)
+        with graph.inserting_before(node):
+            new = graph.call_function(_sum_into_slots, (sizes, dim, tuple(spans), *[g for g, _, _ in leaves]))
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        for a in sorted(inner, key=order.__getitem__, reverse=True):  # users before what they use
+            graph.erase_node(a)
+            erased.add(a)
         done += 1
     if done:
         graph.lint()

@@ -99,10 +99,11 @@ def _index_select(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _runner(spec, example: list) -> Callable:
     """``spec`` as a function of ``(x, seeds)``. On the CPU the gathers by the specialization's own
     constant indices run in :func:`asd.backends.cpu_kernels.take` (half the time of
-    ``index_select``); the parts of a ``stack``/``cat`` are computed into the joined buffer
-    (:func:`~asd.backends.graph_passes.join_in_place`)."""
+    ``index_select``); gradients scattered into disjoint slots and summed are written into one
+    buffer (:func:`~asd.backends.graph_passes.sum_slots`); the parts of a ``stack``/``cat`` are
+    computed into the joined buffer (:func:`~asd.backends.graph_passes.join_in_place`)."""
     from .cpu_kernels import gathers_as_take, with_meta
-    from .graph_passes import join_in_place, reuse_buffers
+    from .graph_passes import join_in_place, reuse_buffers, sum_slots
 
     gm = _index_select(spec.gm)
     runtime, extras = spec.runtime, spec.extras
@@ -113,6 +114,8 @@ def _runner(spec, example: list) -> Callable:
             with_meta(gm, example)
         gathers_as_take(gm, example, {nrun + i for i in range(len(extras)) if i not in spec.by_reference})
     gm = _with_tensor_meta(gm, example)
+    if sum_slots(gm):
+        gm = _with_tensor_meta(gm, example)
     if join_in_place(gm):
         gm = _with_tensor_meta(gm, example)
     gm = reuse_buffers(gm)

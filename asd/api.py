@@ -164,7 +164,9 @@ def clear_cache() -> None:
 
 
 def to_scipy(t: torch.Tensor) -> sp.csr_array:
-    """A ``torch.sparse_csr`` (or COO) 2-D tensor as a ``scipy.sparse.csr_array`` on the host."""
+    """A ``torch.sparse_csr`` (or COO) 2-D tensor as a ``scipy.sparse.csr_array`` on the host, with
+    arrays of its own: SciPy's in-place operations (``eliminate_zeros``, ``S *= 2``) leave ``t`` as
+    it was."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"to_scipy converts a torch sparse tensor, got {type(t).__name__}"
                         + ("; a numpy array is converted with scipy.sparse.csr_array(a)" if isinstance(t, np.ndarray)
@@ -177,7 +179,7 @@ def to_scipy(t: torch.Tensor) -> sp.csr_array:
     if t.layout != torch.sparse_csr:
         raise TypeError(f"expected a sparse CSR or COO tensor, got layout {t.layout}")
     t = t.detach().cpu()
-    return sp.csr_array((t.values().numpy(), t.col_indices().numpy().astype(np.int64),
+    return sp.csr_array((t.values().numpy().copy(), t.col_indices().numpy().astype(np.int64),
                          t.crow_indices().numpy().astype(np.int64)), shape=tuple(t.shape))
 
 

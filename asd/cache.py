@@ -43,7 +43,7 @@ import torch
 
 from ._fork import after_fork_in_child
 
-__all__ = ["PatternCache", "CACHE", "cache_key", "fingerprint", "value_fingerprint", "ValueGuard"]
+__all__ = ["PatternCache", "CACHE", "cache_key", "fingerprint", "value_fingerprint", "state_fingerprint", "ValueGuard"]
 
 _MAX_DEPTH = 4
 _MAX_ITEMS = 256
@@ -292,6 +292,38 @@ def value_fingerprint(f: Callable) -> tuple[object, bool]:
     reads (no object summarized by identity alone, no module with hidden state such as ``random``)."""
     fp = _Fingerprint(values=True)
     return fp(f), fp.complete
+
+
+class _State(_Fingerprint):
+    """The ``values=True`` summary with every tensor's state as well: its version counter (bumped by
+    in-place writes), its storage and offset (``p.data = ...`` rebinds them) and, for a small CPU
+    tensor, its content (a write through ``p.data`` bumps no version counter)."""
+
+    def __init__(self):
+        super().__init__(values=True)
+
+    def tensor(self, t: torch.Tensor):
+        key = super().tensor(t)
+        try:
+            if t.layout != torch.strided:
+                return key + (t._version,)
+            key += (t._version, t.untyped_storage().data_ptr(), t.storage_offset())
+        except (RuntimeError, NotImplementedError):  # no storage to read (a tensor subclass of its own)
+            self.complete = False
+            return key
+        if t.device.type == "cpu" and t.numel() <= _HASH_LIMIT:
+            data = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
+            key += (hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest(),)
+        return key
+
+
+def state_fingerprint(obj) -> tuple[object, bool]:
+    """``(summary, complete)``: :func:`value_fingerprint` of ``obj`` with every tensor's version
+    counter, storage and (up to 65536 elements on the CPU) content: what a cache of *computed
+    values* (a gradient at ``x``) must see unchanged before it answers again. Blind only to writes
+    through ``.data`` into larger tensors, or on another device, which bump no version counter."""
+    fp = _State()
+    return fp(obj), fp.complete
 
 
 _EMPTY = object()    # an empty closure cell

@@ -322,10 +322,11 @@ def _csr_to_csc(m: int, n: int, indptr: np.ndarray, indices: np.ndarray):
 def _canonicalize(indptr, indices, shape):
     import scipy.sparse as sp
 
-    A = sp.csr_array((np.ones(indices.shape[0], dtype=np.int8), indices, indptr), shape=shape)
+    # copied: sorting and merging run in place, and the arrays may be the caller's (an int64 matrix)
+    A = sp.csr_array((np.ones(indices.shape[0], dtype=np.int8), indices, indptr), shape=shape, copy=True)
     if not A.has_canonical_format:
         A.sum_duplicates()
-    return A.indptr.astype(_I), A.indices.astype(_I)
+    return A.indptr.astype(_I, copy=False), A.indices.astype(_I, copy=False)
 
 
 def _from_torch(t, name: str):

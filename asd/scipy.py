@@ -25,6 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from .cache import state_fingerprint
 from .operators import SparseHessian, SparseJacobian
 from .options import check_bool
 
@@ -72,7 +73,7 @@ def _example(x0, dtype, device) -> torch.Tensor:
 
 def fun(f: Callable, *, argnum: int = 0, dtype=torch.float64, device="cpu") -> Callable:
     """``f`` (a PyTorch function) as a numpy function: ``fun(*args) -> np.ndarray`` (a float for a
-    one-element output), with the variable at ``argnum``."""
+    0-d output), with the variable at ``argnum``."""
     ad = _Adapter(f, argnum, (-1,), dtype, device)
 
     def numpy_f(*args):
@@ -87,8 +88,9 @@ def jac(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.float
         dense: bool = False, **options) -> Callable:
     """A Jacobian callable for SciPy: ``jac(*call_args) -> scipy.sparse.csr_array`` of ``f`` with
     respect to the argument at ``argnum`` (shaped like ``x0``). ``args`` are example values of the
-    other arguments, used to detect the pattern (default: SciPy passes them at call time; for
-    ``solve_ivp`` give ``args=(t0,)``). ``dense=True`` returns the same Jacobian as a dense numpy
+    other arguments, used to detect the pattern (default: ``0.0`` for each argument before
+    ``argnum``, such as ``solve_ivp``'s ``t``; a function with other extra arguments needs examples
+    of them here); at call time SciPy passes the actual ones. ``dense=True`` returns the same Jacobian as a dense numpy
     array, for the solvers that take no sparse one (``root``'s MINPACK methods ``hybr`` and ``lm``,
     ``solve_ivp``'s ``LSODA``); it is still computed sparsely. ``options`` go to
     :class:`asd.SparseJacobian`."""
@@ -152,7 +154,8 @@ class _Scalar:
     """Value and gradient of a scalar ``f`` at the last ``x`` they were asked at, and its Hessian at
     the last ``x`` it was asked at, each computed once and only when asked for (L-BFGS-B never pays
     for a Hessian). The two are kept apart: a trust-region method that evaluates ``f`` at a trial
-    point and rejects it asks for the Hessian at the old point again, which is still there."""
+    point and rejects it asks for the Hessian at the old point again, which is still there. A kept
+    result answers only while ``x``, the extra arguments and ``f``'s state are the same."""
 
     def __init__(self, f: Callable, x0, argnum: int, args: tuple, dtype, device, options: dict):
         x = _example(x0, dtype, device)
@@ -171,13 +174,24 @@ class _Scalar:
 
     def _at(self, call_args):
         """``(key, x, others)``; ``key`` is ``None`` (nothing reused) when an argument cannot be
-        compared by content."""
+        compared by content, or ``f``'s state cannot be summarized in full (see
+        :func:`asd.cache.state_fingerprint`: the parameters and tensors ``f`` reads, whose values
+        a solver's caller may change between two solves)."""
         z, others = self.ad.split(call_args) if call_args else (None, ())
+        state, complete = state_fingerprint(self.ad.f)
         try:
-            key = (_key_of(np.asarray(z)), tuple(_key_of(a) for a in others))
+            key = (_key_of(np.asarray(z)), tuple(_key_of(a) for a in others), state) if complete else None
         except _Unkeyable:
             key = None
         return key, self.ad.tensor(z), others or self.others0
+
+    def value(self, *call_args) -> float:
+        """``f``'s value alone (for the gradient-free methods): the kept one at the same point, else
+        ``f`` evaluated without its gradient."""
+        key, x, others = self._at(call_args)
+        if key is not None and self._vg is not None and self._vg[0] == key:
+            return self._vg[1]
+        return float(self.ad.of_variable(x, *others).detach().reshape(()))
 
     def value_and_grad(self, *call_args):
         key, x, others = self._at(call_args)

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..cache import state_fingerprint
 from ..checks import checks_forced
 from ..errors import InputError
 from ..operators import SparseHessian, SparseJacobian
@@ -94,8 +95,11 @@ class IpoptProblem:
         return torch.as_tensor(np.asarray(x, dtype=np.float64))
 
     def _value_grad(self, x):
-        key = np.asarray(x).tobytes()
-        if self._at is None or self._at[0] != key:
+        """``(key, value, gradient)`` at ``x``, kept for the next call while ``x`` and ``f``'s state
+        (:func:`asd.cache.state_fingerprint`) are the same."""
+        state, complete = state_fingerprint(self.f)
+        key = (np.asarray(x, dtype=np.float64).tobytes(), state) if complete else None
+        if key is None or self._at is None or self._at[0] != key:
             grad, value = torch.func.grad_and_value(lambda v: self.f(v).reshape(()))(self._t(x))
             self._at = (key, float(value), grad.detach().numpy())
         return self._at
@@ -105,7 +109,7 @@ class IpoptProblem:
         return self._value_grad(x)[1]
 
     def gradient(self, x):
-        return self._value_grad(x)[2]
+        return self._value_grad(x)[2].copy()  # the caller's own: an edit must not change a later call
 
     def constraints(self, x):
         if self.c is None:

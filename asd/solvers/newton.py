@@ -45,9 +45,24 @@ DIVERGING_FACTOR = 1e6
 
 
 def default_tolerance(dtype: torch.dtype, scale: float = 1.0) -> float:
-    """``1e-10`` in float64; in lower precision what its rounding allows (``1e3 eps`` times the
-    initial residual's scale)."""
-    return max(1e-10, 1e3 * float(torch.finfo(dtype).eps) * max(1.0, scale))
+    """What the rounding of ``dtype`` lets a residual reach where ``f``'s terms are of size
+    ``scale``: ``min(1e3 eps, sqrt(eps))`` times ``max(1, scale)``, and at least ``1e-10`` (the
+    float64 default for terms of order one). :func:`newton` takes the scale from the Jacobian at
+    the current iterate, ``||J||_inf * ||x||_inf``: the size of ``J x``, never the initial
+    residual, whose size says nothing about how far from a root an iterate still is."""
+    eps = float(torch.finfo(dtype).eps)
+    return max(1e-10, min(1e3 * eps, math.sqrt(eps)) * max(1.0, scale))
+
+
+def _term_scale(J: torch.Tensor, x: torch.Tensor) -> float:
+    """``||J||_inf * ||x||_inf`` for a sparse CSR ``J``: the size of the terms ``J x``."""
+    vals = J.values().detach().abs()
+    if not vals.numel():
+        return 0.0
+    crow = J.crow_indices()
+    rows = torch.repeat_interleave(torch.arange(crow.numel() - 1, device=crow.device), crow.diff())
+    norm = float(torch.zeros(crow.numel() - 1, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals).max())
+    return norm * float(x.detach().abs().max())
 
 
 def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damping: bool = True,
@@ -62,7 +77,9 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         Starting point: a tensor (its shape, dtype and device are kept), or a numpy array or list
         (float64 unless it is a float32 array).
     tol
-        Stop when ``||f(x)||_inf <= tol``; default :func:`default_tolerance` of the dtype.
+        Stop when ``||f(x)||_inf <= tol``. Default: :func:`default_tolerance` of the dtype at the scale
+        of ``J x`` at the latest Jacobian (``1e-10`` in float64 for terms of order one); before the
+        first Jacobian, the scale 1.
     maxiter
         Maximum number of Newton steps.
     damping
@@ -83,6 +100,10 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         Non-convergence gives ``converged=False``, a ``status`` saying why, and a
         :class:`asd.ConvergenceWarning`. Stagnation and divergence stop the iteration at once.
     """
+    if isinstance(refactor_every, np.integer):
+        refactor_every = int(refactor_every)
+    if isinstance(maxiter, np.integer):
+        maxiter = int(maxiter)
     if isinstance(refactor_every, bool) or not isinstance(refactor_every, int) or refactor_every < 1:
         raise InputError(f"refactor_every must be a positive integer, got {refactor_every!r}")
     solver = LU() if solver is None else solver
@@ -103,8 +124,9 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                          "use asd.solvers.least_squares for over- or underdetermined systems")
     J = SparseJacobian(f, x, **options)
     norm = float(r.abs().max()) if r.numel() else 0.0
-    if tol is None:
-        tol = default_tolerance(x.dtype, norm)
+    auto_tol = tol is None
+    if auto_tol:
+        tol = default_tolerance(x.dtype)
     elif not isinstance(tol, (int, float)) or isinstance(tol, bool) or not tol >= 0:
         raise InputError(f"tol must be a non-negative number, got {tol!r}")
     history = [norm]
@@ -118,7 +140,10 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         try:
             with torch.no_grad():
                 if fresh:
-                    state, age = solver.init(J(x)), 0
+                    Jx = J(x)
+                    state, age = solver.init(Jx), 0
+                    if auto_tol:
+                        tol = default_tolerance(x.dtype, _term_scale(Jx, x))
                 step, info = solver.compute(state, -r.detach(), warn=False)
         except SingularMatrixError as exc:
             warnings.warn(f"asd.newton: singular Jacobian at iteration {it} ({exc})", ConvergenceWarning, stacklevel=2)

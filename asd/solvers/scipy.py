@@ -29,6 +29,19 @@ def _scipy_args(args) -> tuple:
     return args if isinstance(args, tuple) else (args,)
 
 
+def _torch_arg(a):
+    """An extra argument as ``fun`` takes it: a numpy array as a tensor, a numpy float as a float."""
+    if isinstance(a, np.ndarray):
+        return torch.as_tensor(a)
+    return float(a) if isinstance(a, np.floating) else a
+
+
+def _asd_computes(kwargs: dict, name: str, fun: str) -> None:
+    if name in kwargs:
+        raise InputError(f"{fun}: {name}= is what asd computes; leave it out (for your own {name}, call "
+                         f"scipy.optimize.{fun.split('.')[-1]} directly)")
+
+
 def least_squares(fun: Callable, x0, **kwargs) -> so.OptimizeResult:
     """``scipy.optimize.least_squares`` with ``jac`` given as an exact sparse Jacobian.
 
@@ -38,17 +51,25 @@ def least_squares(fun: Callable, x0, **kwargs) -> so.OptimizeResult:
     The default method is ``"trf"`` with ``tr_solver="lsmr"``, which uses the sparse Jacobian.
     """
     opts = kwargs.pop("asd_options", {})
+    _asd_computes(kwargs, "jac", "asd.solvers.least_squares")
+    if kwargs.get("method") == "lm":
+        raise InputError("asd.solvers.least_squares: method='lm' (MINPACK) takes only dense Jacobians; use "
+                         "method='trf' or 'dogbox' for asd's sparse one, or scipy.optimize.least_squares with "
+                         "jac=asd.scipy.jac(fun, x0, dense=True)")
     x0 = torch.as_tensor(np.asarray(x0), dtype=torch.float64)
     if "args" in kwargs:
         kwargs["args"] = _scipy_args(kwargs["args"])
-    args, fkw = kwargs.get("args", ()), dict(kwargs.get("kwargs", None) or {})
+    args = tuple(_torch_arg(a) for a in kwargs.get("args", ()))
+    fkw = {k: _torch_arg(v) for k, v in (kwargs.get("kwargs", None) or {}).items()}
     g = _wrap(fun, x0.shape)
     J = SparseJacobian(lambda v, *a, **k: fun(v, *a, **k).reshape(-1), x0, args=args, kwargs=fkw, **opts)
 
     def residual(z, *a, **k):
+        a, k = tuple(_torch_arg(v) for v in a), {n: _torch_arg(v) for n, v in k.items()}
         return g(z, *a, **k).detach().reshape(-1).numpy()
 
     def jac(z, *a, **k):
+        a, k = tuple(_torch_arg(v) for v in a), {n: _torch_arg(v) for n, v in k.items()}
         return csr(J, J.values(torch.as_tensor(z, dtype=torch.float64).reshape(x0.shape), *a, **k))
 
     kwargs.setdefault("method", "trf")
@@ -80,15 +101,18 @@ def minimize(fun: Callable, x0, *, method: str = "trust-constr", **kwargs) -> so
     from .. import scipy as asd_scipy
 
     opts = kwargs.pop("asd_options", {})
+    _asd_computes(kwargs, "jac", "asd.solvers.minimize")
     x0 = torch.as_tensor(np.asarray(x0), dtype=torch.float64)
     n = x0.numel()
     if "args" in kwargs:
         kwargs["args"] = _scipy_args(kwargs["args"])
     s = asd_scipy._Scalar(fun, x0, 0, kwargs.get("args", ()), torch.float64, "cpu", opts)
     name = method.lower() if isinstance(method, str) else ""
-    if name in GRADIENT_FREE or not isinstance(method, str):
+    if name in GRADIENT_FREE:  # the value alone: no gradient evaluated (f may not even be differentiable)
+        return so.minimize(s.value, x0.reshape(-1).numpy(), method=method, **kwargs)
+    if not isinstance(method, str):  # a custom method may ask for jac: value and gradient from one evaluation
         return so.minimize(lambda z, *a: s.value_and_grad(z, *a)[0], x0.reshape(-1).numpy(), method=method,
-                           **kwargs)
+                           jac=lambda z, *a: s.value_and_grad(z, *a)[1], **kwargs)
     if name in SPARSE_HESS_METHODS:
         kwargs.setdefault("hess", s.hessian)
     elif name in HESSP_METHODS:

@@ -39,8 +39,9 @@ def structure(t) -> sp.csr_matrix | None:
         idx = t.coalesce().indices().cpu().numpy() if not t.is_coalesced() else t.indices().cpu().numpy()
         m = sp.csr_matrix((np.ones(idx.shape[1], dtype=bool), (idx[0], idx[1])), shape=tuple(t.shape))
     elif t.layout == torch.sparse_csr:
+        # copied: sum_duplicates sorts in place, and these arrays are the tensor's own memory
         m = sp.csr_matrix((np.ones(t.col_indices().numel(), dtype=bool), t.col_indices().cpu().numpy(),
-                           t.crow_indices().cpu().numpy()), shape=tuple(t.shape))
+                           t.crow_indices().cpu().numpy()), shape=tuple(t.shape), copy=True)
     else:
         m = sp.csr_matrix(t.to_sparse_coo().to_dense().cpu().numpy() != 0)
     m.sum_duplicates()

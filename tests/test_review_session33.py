@@ -1,0 +1,165 @@
+"""Regression tests for the defects an adversarial review of the solver hookups, the SciPy interop
+and the sparse Gaussians found (session 33): each failed before its fix."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import asd
+import asd.scipy
+from asd.patterns import as_pattern
+from asd.solvers import least_squares, minimize, newton
+
+
+def _user_matrix():
+    # int64 indices, row 0 unsorted, row 1 with a repeated column
+    return sp.csr_array((np.array([1.0, 2, 3, 4, 5, 6]), np.array([2, 0, 0, 1, 0, 2], dtype=np.int64),
+                         np.array([0, 3, 5, 6], dtype=np.int64)), shape=(3, 3))
+
+
+def test_a_scipy_pattern_with_unsorted_int64_indices_is_left_as_the_user_gave_it():
+    """Canonicalizing sorted and merged the user's own index arrays in place (their values stayed
+    put: the user's matrix changed, silently)."""
+    S, ref = _user_matrix(), _user_matrix()
+    P = as_pattern(S)
+    assert np.array_equal(S.indptr, ref.indptr) and np.array_equal(S.indices, ref.indices)
+    assert np.array_equal(S.data, ref.data)
+    assert P.equals(as_pattern(ref.toarray() != 0))
+    S = _user_matrix()
+    f = lambda x: torch.stack([x[0] + x[2], x[0] * x[1], x[2] ** 2])  # noqa: E731
+    op = asd.prepare_jacobian(f, torch.ones(3, dtype=torch.float64), pattern=S)
+    assert np.array_equal(S.indices, ref.indices) and np.array_equal(S.indptr, ref.indptr)
+    x = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+
+
+def test_to_scipy_returns_arrays_of_its_own():
+    """The values were the tensor's own memory: eliminate_zeros() on the SciPy matrix shifted the
+    Jacobian's values."""
+    F = lambda x: torch.stack([x[0] * x[1], x[1] - x[1], x[2] * 3.0])  # noqa: E731 - a stored zero
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    J = asd.sparse_jacobian(F, x)
+    before = J.values().clone()
+    S = asd.to_scipy(J)
+    S.eliminate_zeros()
+    S *= 2.0
+    assert torch.equal(J.values(), before)
+
+
+@pytest.mark.parametrize("dtype, x0", [(torch.float64, 40.0), (torch.float32, 12.0)])
+def test_newton_does_not_stop_far_from_the_root_when_the_first_residual_is_huge(dtype, x0):
+    """The default tolerance scaled with ||f(x0)||: from x0 = 40, exp(x) - 1 "converged" at x = 10
+    with a residual of 2.2e4 (float64), from 12 at x = 2.08 (float32)."""
+    res = newton(lambda x: torch.exp(x) - 1, torch.full((3,), x0, dtype=dtype))
+    assert res.converged and res.status == "converged"
+    assert float(res.x.abs().max()) < (1e-8 if dtype == torch.float64 else 1e-3)
+    assert res.residual_norm <= res.tol < 1e-3
+
+
+def test_newton_in_half_precision_does_not_report_convergence_without_a_step():
+    """bfloat16's default tolerance was 7.8 times the first residual: converged at iteration 0."""
+    for dtype in (torch.bfloat16, torch.float16):
+        try:
+            res = newton(lambda x: torch.exp(x) - 1, torch.full((4,), 1.0, dtype=dtype))
+        except asd.InputError as exc:  # the direct solvers take float32/float64 only
+            assert "float32 or float64" in str(exc)
+        else:
+            assert not res.converged or res.iterations > 0
+
+
+def test_newton_accepts_numpy_integer_counts():
+    res = newton(lambda x: x ** 3 - 8, np.full(3, 3.0), maxiter=np.int64(30), refactor_every=np.int32(1))
+    assert res.converged
+
+
+def _parametrized():
+    p = torch.ones(5, dtype=torch.float64)
+
+    def f(x):
+        return ((x - p) ** 2).sum() + 0.1 * (x[1:] * x[:-1]).sum()
+    return f, p
+
+
+@pytest.mark.parametrize("change", ["in place", "under no_grad", "through .data", "rebound .data"])
+def test_scipy_gradient_and_hessian_see_a_parameter_changed_between_solves(change):
+    """The kept gradient was keyed by x and the extra arguments only: after the user changed a
+    tensor f reads, the same x got the old gradient (BFGS stopped at once at the old solution)."""
+    f, p = _parametrized()
+    x0 = np.zeros(5)
+    g, h = asd.scipy.grad(f, x0), asd.scipy.hess(f, x0)
+    x = np.full(5, 0.5)
+    g(x), h(x)
+    if change == "in place":
+        p.fill_(3.0)
+    elif change == "under no_grad":
+        with torch.no_grad():
+            p.add_(2.0)
+    elif change == "through .data":  # no version counter moves: the content of a small tensor is read
+        p.data.fill_(3.0)
+    else:
+        p.data = torch.full((5,), 3.0, dtype=torch.float64)
+    xt = torch.tensor(x)
+    np.testing.assert_allclose(g(x), torch.func.grad(f)(xt).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(h(x).toarray(), torch.func.hessian(f)(xt).numpy(), rtol=1e-12)
+
+
+def test_scipy_minimize_from_the_old_solution_after_a_parameter_change_moves_on():
+    from scipy.optimize import minimize as scipy_minimize
+
+    f, p = _parametrized()
+    x0 = np.zeros(5)
+    fun, g = asd.scipy.fun(f), asd.scipy.grad(f, x0)
+    r1 = scipy_minimize(fun, x0, jac=g, method="BFGS")
+    p.fill_(3.0)
+    r2 = scipy_minimize(fun, r1.x, jac=g, method="BFGS")
+    ref = scipy_minimize(fun, r1.x, jac=asd.scipy.grad(f, x0), method="BFGS")
+    assert r2.nit > 0
+    np.testing.assert_allclose(r2.x, ref.x, rtol=1e-6)
+
+
+def test_ipopt_problem_gradient_sees_parameter_changes_and_hands_out_copies():
+    from asd.solvers.ipopt import IpoptProblem
+
+    p = torch.ones(3, dtype=torch.float64)
+    f = lambda x: ((x - p) ** 2).sum()  # noqa: E731
+    P = IpoptProblem(f, None, np.zeros(3))
+    x = np.array([0.5, 0.5, 0.5])
+    g = P.gradient(x)
+    g *= 0  # the caller edits the array it was handed
+    np.testing.assert_allclose(P.gradient(x), [-1.0, -1.0, -1.0])
+    p.fill_(3.0)
+    np.testing.assert_allclose(P.gradient(x), [-5.0, -5.0, -5.0])
+    assert P.objective(x) == pytest.approx(18.75)
+
+
+def test_least_squares_passes_numpy_extra_arguments_as_tensors():
+    """numpy data arrays reached f as arrays: torch's ops on them raised 'numpy() on a traced tensor'."""
+    t = np.linspace(0, 1, 20)
+    y = 2.0 * np.exp(1.3 * t)
+    r = lambda p, t, y: p[0] * torch.exp(p[1] * t) - y  # noqa: E731
+    res = least_squares(r, np.array([1.0, 1.0]), args=(t, y))
+    np.testing.assert_allclose(res.x, [2.0, 1.3], rtol=1e-6)
+    res = least_squares(lambda p, t, y=None: p[0] * torch.exp(p[1] * t) - y, np.array([1.0, 1.0]),
+                        args=(t,), kwargs={"y": y})
+    np.testing.assert_allclose(res.x, [2.0, 1.3], rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["Nelder-Mead", "Powell", "COBYLA"])
+def test_gradient_free_methods_evaluate_only_the_value(method):
+    """Their value came from value_and_grad: a black-box f raised, a differentiable one paid for a
+    gradient it never used."""
+    def f(x):
+        v = x.detach().numpy()
+        return torch.tensor(float(((v - 1.0) ** 2).sum()))
+    res = minimize(f, np.zeros(3), method=method, options={"maxiter": 2000})
+    np.testing.assert_allclose(res.x, np.ones(3), atol=2e-3)
+
+
+def test_solver_wrappers_refuse_what_asd_computes_and_what_scipy_cannot_take():
+    with pytest.raises(asd.InputError, match="jac= is what asd computes"):
+        minimize(lambda x: (x ** 2).sum(), np.ones(3), jac=True)
+    with pytest.raises(asd.InputError, match="jac= is what asd computes"):
+        least_squares(lambda x: x - 1, np.ones(3), jac="2-point")
+    with pytest.raises(asd.InputError, match="method='lm'"):
+        least_squares(lambda x: x - 1, np.ones(3), method="lm")

@@ -110,6 +110,31 @@ def test_buffer_reuse_writes_only_into_dead_fresh_intermediates():
     assert torch.equal(a, a0) and torch.equal(b, b0)
 
 
+def test_buffer_reuse_follows_in_place_steps_on_a_fresh_buffer():
+    """``(a * b).add_(1.0)`` returns the fresh product's buffer, written: a result used once may take
+    it again (``+ c`` in place), unless the product is read elsewhere or the chain starts at an input."""
+    from asd.backends.graph_passes import reuse_buffers
+
+    def g(a, b, c):
+        chained = (a * b).add_(1.0).mul_(c) + c  # the buffer of a * b, twice written, then once more
+        t = a * c
+        shared = t.add_(b) + t.sum()  # t is read again after the in-place step: keeps its own result
+        base = a.clone()
+        from_input = a.add_(0.0) + b  # an input written in place: never taken
+        return chained, shared, base, from_input
+
+    a, b, c = (torch.randn(3, 4, dtype=torch.float64) for _ in range(3))
+    gm = make_fx(g)(a.clone(), b, c)
+    ref = gm(a.clone(), b, c)
+    reuse_buffers(gm)
+    out = gm(a.clone(), b, c)
+    assert all(torch.equal(o, r) for o, r in zip(out, ref))
+    # the chain on the fresh product ends in place; the shared and the input-based sums stay out of place
+    outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert [n.target for n in (outputs[0], outputs[1], outputs[3])] == [
+        torch.ops.aten.add_.Tensor, torch.ops.aten.add.Tensor, torch.ops.aten.add.Tensor]
+
+
 def test_buffer_reuse_keeps_broadcasting_and_promoting_operations_out_of_place():
     from asd.backends.graph_passes import reuse_buffers
 

@@ -115,8 +115,19 @@ def _contiguous_meta(node) -> "object | None":
     return m
 
 
+def _owned_buffer(s) -> bool:
+    """Whether ``s`` is a fresh intermediate's buffer: a fresh result, or what an in-place pointwise
+    op returns (its first operand, written) on such a buffer that nothing else reads."""
+    while s.op == "call_function" and s.target in _IN_PLACE_OPS and not s.kwargs:
+        base = s.args[0] if s.args else None
+        if not isinstance(base, Node) or len(base.users) != 1:
+            return False
+        s = base
+    return _fresh(s)
+
+
 def _reusable(s, out_meta) -> bool:
-    if not isinstance(s, Node) or len(s.users) != 1 or not _fresh(s):
+    if not isinstance(s, Node) or len(s.users) != 1 or not _owned_buffer(s):
         return False
     m = _contiguous_meta(s)
     return m is not None and tuple(m.shape) == tuple(out_meta.shape) and m.dtype == out_meta.dtype

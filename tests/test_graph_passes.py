@@ -412,6 +412,7 @@ _SLOT_CASES = {
                         [(3,), (3,)], 0),
     "alpha": (lambda a, b: torch.add(_SB(a, [2, 3], 0, 0), _SB(b, [2, 3], 0, 1), alpha=2.0), [(3,), (3,)], 0),
     "same_part_twice": (lambda a: (lambda s: s + s)(_SB(a, [2, 3], 0, 0)), [(3,)], 0),
+    "broadcast_gradient": (lambda a, b: _SB(a, [2, 3, 4], 0, 0) + _SB(b, [2, 3, 4], 0, 1), [(1, 4), (3, 4)], 0),
 }
 
 

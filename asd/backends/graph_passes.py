@@ -465,7 +465,10 @@ def sum_slots(gm: GraphModule) -> int:
         for g, start, length in leaves:
             gm_meta = g.meta.get("tensor_meta")
             width = 1 if length is None else length
-            if gm_meta is None or gm_meta.dtype != out_meta.dtype or any(covered[start:start + width]):
+            slot = sizes[:dim] + ([] if length is None else [length]) + sizes[dim + 1:]
+            # (the recorded op broadcasts a smaller gradient into its slot; out= would not)
+            if (gm_meta is None or gm_meta.dtype != out_meta.dtype or list(gm_meta.shape) != slot
+                    or any(covered[start:start + width])):
                 spans = None
                 break
             covered[start:start + width] = [True] * width

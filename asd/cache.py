@@ -294,6 +294,11 @@ def value_fingerprint(f: Callable) -> tuple[object, bool]:
     return fp(f), fp.complete
 
 
+#: elements of CPU tensors whose content one :func:`state_fingerprint` reads, in all (beyond, the
+#: summary is incomplete: a cache of computed values then computes again rather than hash more)
+STATE_CONTENT_ELEMENTS = 1 << 20
+
+
 class _State(_Fingerprint):
     """The ``values=True`` summary with every tensor's state as well: its version counter (bumped by
     in-place writes), its storage and offset (``p.data = ...`` rebinds them) and, for a small CPU
@@ -301,6 +306,7 @@ class _State(_Fingerprint):
 
     def __init__(self):
         super().__init__(values=True)
+        self._hashed = 0
 
     def tensor(self, t: torch.Tensor):
         key = super().tensor(t)
@@ -312,6 +318,10 @@ class _State(_Fingerprint):
             self.complete = False
             return key
         if t.device.type == "cpu" and t.numel() <= _HASH_LIMIT:
+            self._hashed += t.numel()
+            if self._hashed > STATE_CONTENT_ELEMENTS:
+                self.complete = False
+                return key
             data = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
             key += (hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest(),)
         return key
@@ -321,7 +331,8 @@ def state_fingerprint(obj) -> tuple[object, bool]:
     """``(summary, complete)``: :func:`value_fingerprint` of ``obj`` with every tensor's version
     counter, storage and (up to 65536 elements on the CPU) content: what a cache of *computed
     values* (a gradient at ``x``) must see unchanged before it answers again. Blind only to writes
-    through ``.data`` into larger tensors, or on another device, which bump no version counter."""
+    through ``.data`` into larger tensors, or on another device, which bump no version counter.
+    Incomplete beyond :data:`STATE_CONTENT_ELEMENTS` elements read."""
     fp = _State()
     return fp(obj), fp.complete
 

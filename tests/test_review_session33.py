@@ -163,3 +163,16 @@ def test_solver_wrappers_refuse_what_asd_computes_and_what_scipy_cannot_take():
         least_squares(lambda x: x - 1, np.ones(3), jac="2-point")
     with pytest.raises(asd.InputError, match="method='lm'"):
         least_squares(lambda x: x - 1, np.ones(3), method="lm")
+
+
+def test_state_fingerprint_reads_content_within_a_budget(monkeypatch):
+    import asd.cache as cache
+
+    ps = [torch.ones(100, dtype=torch.float64) for _ in range(3)]
+    f = lambda x: sum((x * p).sum() for p in ps)  # noqa: E731
+    first, complete = cache.state_fingerprint(f)
+    assert complete
+    ps[1].data.fill_(2.0)  # no version counter moves
+    assert cache.state_fingerprint(f)[0] != first
+    monkeypatch.setattr(cache, "STATE_CONTENT_ELEMENTS", 150)
+    assert not cache.state_fingerprint(f)[1]

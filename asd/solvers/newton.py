@@ -142,8 +142,9 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                 if fresh:
                     Jx = J(x)
                     state, age = solver.init(Jx), 0
-                    if auto_tol:
-                        tol = default_tolerance(x.dtype, _term_scale(Jx, x))
+                    scale = _term_scale(Jx, x) if auto_tol else 0.0
+                    if auto_tol and math.isfinite(scale):  # (an infinite entry: no scale to judge by)
+                        tol = default_tolerance(x.dtype, scale)
                 step, info = solver.compute(state, -r.detach(), warn=False)
         except SingularMatrixError as exc:
             warnings.warn(f"asd.newton: singular Jacobian at iteration {it} ({exc})", ConvergenceWarning, stacklevel=2)

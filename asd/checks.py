@@ -32,6 +32,7 @@ import torch.autograd.forward_ad as fwAD
 from torch.func import grad, jvp, vjp
 
 from .coloring.result import AcyclicColoring, ColumnColoring, StarColoring
+from .errors import CheckError
 
 __all__ = ["CheckReport", "probe", "checks_forced"]
 
@@ -208,12 +209,16 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
     row_floor = float(torch.finfo(dt).eps) ** ROW_FLOOR_POWER
     ref = what = got = scale = None
     finite = None  # the entries compared, where a product is not finite everywhere
+    errors: list[Exception] = []
     for name in order:
         which, product = others[name]
         try:
             side(which)  # the random vector is drawn before the product uses it
             candidate = product().detach().reshape(-1).to(dt)
-        except Exception:  # noqa: BLE001 - this product is not available for f: the next one
+        except torch.OutOfMemoryError:
+            raise  # no verdict without the product: the call fails as any evaluation would
+        except Exception as exc:  # noqa: BLE001 - this product is not available for f: the next one
+            errors.append(exc)
             continue
         _, mine, mine_scale = side(which)
         if mine.numel() == 0:
@@ -232,6 +237,13 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
         ref, what, got, scale = candidate, name, mine, mine_scale
         break
     if ref is None:
+        if order and len(errors) == len(order):
+            # every product raised: f's own error where f fails at x, else no verdict to pass
+            g(xf.clone())
+            last = errors[-1]
+            raise CheckError(f"the cross-mode check could not evaluate any product of the other AD mode at this x "
+                             f"({type(last).__name__}: {str(last).splitlines()[0][:200] if str(last) else ''}); "
+                             "the values are unverified") from last
         return CheckReport(True, 0.0, 0.0, tol, "no independent product available")
     full = scale()
     if finite is not None:

@@ -10,7 +10,6 @@ default arguments), snapshots their buffers and restores them.
 from __future__ import annotations
 
 import types
-import weakref
 from typing import Callable
 
 import torch
@@ -64,21 +63,26 @@ def modules_of(f: Callable, depth: int = 3) -> list[torch.nn.Module]:
 
 
 class ModuleStateGuard:
-    """Snapshots the buffers of the modules ``f`` reaches; :meth:`restore` puts them back.
+    """Snapshots the buffers of the modules a call of ``f`` reaches; :meth:`restore` puts them back.
 
-    Use as ``with guard.protect(always=...)``: restores on an exception, and always when asked
-    (detection, which must leave no trace).
+    Use as ``with guard.protect(always=..., args=...)``: restores on an exception, and always when
+    asked (detection, which must leave no trace). The modules are found at each call, from ``f`` and
+    from the call's extra arguments ``args``: a module passed as an argument, or a global ``f`` reads
+    that was bound to another module since, is protected as one in ``f``'s closure.
     """
 
     def __init__(self, f: Callable):
-        self._modules = [weakref.ref(m) for m in modules_of(f)]
+        self._f = f
 
-    def snapshot(self) -> list:
+    def modules(self, args=()) -> list[torch.nn.Module]:
+        found = {id(m): m for m in modules_of(self._f)}
+        if args and args != ((), {}):
+            found.update((id(m), m) for m in modules_of(args, depth=4))
+        return list(found.values())
+
+    def snapshot(self, args=()) -> list:
         snap = []
-        for ref in self._modules:
-            mod = ref()
-            if mod is None:
-                continue
+        for mod in self.modules(args):
             for buf in mod.buffers():
                 if buf is not None and buf.device.type != "meta":
                     snap.append((buf, buf.detach().clone(), buf._version))
@@ -91,16 +95,17 @@ class ModuleStateGuard:
                 if buf._version != version or not torch.equal(buf, saved):
                     buf.copy_(saved)
 
-    def protect(self, *, always: bool = False):
-        return _Protect(self, always)
+    def protect(self, *, always: bool = False, args=()):
+        """``args``: the call's extra arguments (``(args, kwargs)`` or a tuple), searched for modules."""
+        return _Protect(self, always, args)
 
 
 class _Protect:
-    def __init__(self, guard: ModuleStateGuard, always: bool):
-        self.guard, self.always, self.snap = guard, always, None
+    def __init__(self, guard: ModuleStateGuard, always: bool, args):
+        self.guard, self.always, self.args, self.snap = guard, always, args, None
 
     def __enter__(self):
-        self.snap = self.guard.snapshot() if self.guard._modules else []
+        self.snap = self.guard.snapshot(self.args)
         return self
 
     def __exit__(self, exc_type, exc, tb):

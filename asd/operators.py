@@ -345,7 +345,7 @@ class _SparseOperator:
         once for them (a function the tracer cannot follow leaves them unknown, and the probe on)."""
         t0 = time.perf_counter()
         self._user_pattern = given is not None
-        with self._guard.protect(always=True):  # preparing leaves no trace in the user's modules
+        with self._guard.protect(always=True, args=self._prepared_args):  # preparing leaves no trace in the user's modules
             if given is None:
                 self.pattern, self.trace_info = detect()
             else:
@@ -482,7 +482,7 @@ class _SparseOperator:
                            getattr(self._g, "copies_input", False))
 
     def _evaluate_once(self, run: Callable, x: torch.Tensor, call_args=None):
-        with self._guard.protect():
+        with self._guard.protect(args=call_args or self._prepared_args):
             self._call_args = call_args or self._prepared_args
             warm = self._warmup_now(x)
             if warm is not None:
@@ -490,9 +490,11 @@ class _SparseOperator:
                     out = self._run_private(run, warm.backend, warm.state, self.decompressor, x)
                 except _WritesInput:
                     raise
-                except Exception:  # noqa: BLE001 - refused here: the operator's own strategy from now on
-                    self._warmup = None
-                else:
+                except Exception:  # noqa: BLE001 - refused here (twice): the operator's own strategy from now on
+                    out = self._again(lambda: self._run_private(run, warm.backend, warm.state, self.decompressor, x), x)
+                    if out is None:
+                        self._warmup = None
+                if out is not None:
                     # double backward gives NaN where torch.func's products are finite (a norm's
                     # Hessian at 0): such a call is evaluated by the operator's own strategy. A NaN
                     # or an infinity makes the sum non-finite (so does an overflowing sum: then the
@@ -509,8 +511,10 @@ class _SparseOperator:
             except Exception as exc:  # noqa: BLE001 - refused by torch.func: try the other strategies
                 if isinstance(exc, AsdError) and not isinstance(exc, TransformUnsupported):
                     raise
-                if self._settled:
-                    self._raise_if_f_fails(x)
+                out = self._again(lambda: self._run_private(run, self.backend, self.state, self.decompressor, x), x)
+                if out is not None:
+                    self._settled = True
+                    return out
                 first, reason = self.strategy, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 last = exc
                 for make in self._fallbacks():
@@ -568,13 +572,31 @@ class _SparseOperator:
         self._warmup.calls += 1
         return self._warmup
 
+    def _again(self, evaluate: Callable, x: torch.Tensor):
+        """After a strategy raised at ``x``: ``f``'s own error where ``f`` fails here, else the
+        strategy's result evaluated once more (an error that passed), or ``None`` where it fails again
+        (then it cannot evaluate ``f``, and another takes over). ``f``'s random ops draw in each
+        evaluation what they draw in the one after this (the strategy's own, or the next's)."""
+        from .backends.traced import _rng_state, _set_rng_state
+
+        rng = _rng_state(x)
+        self._raise_if_f_fails(x)
+        _set_rng_state(x, rng)
+        try:
+            return evaluate()
+        except _WritesInput:
+            raise
+        except Exception:  # noqa: BLE001 - the strategy's own failure
+            _set_rng_state(x, rng)
+            return None
+
     def _raise_if_f_fails(self, x: torch.Tensor) -> None:
-        """Raise ``f``'s own error at ``x`` (not a transform's): a strategy that ran before is only
-        replaced when ``f`` itself runs here."""
-        with torch.enable_grad(), self._guard.protect(always=True):
+        """Raise ``f``'s own error at ``x`` (not a transform's): a strategy (a warm-up, the first
+        choice) is only replaced when ``f`` itself runs here."""
+        with torch.enable_grad(), self._guard.protect(always=True, args=self._call_args):
             xr = _private(x)
             if xr.is_floating_point():
-                xr.requires_grad_(True)
+                xr = xr.requires_grad_(True).clone()  # not a leaf: f may write into its input
             self._g(xr)
 
     def _check(self, x) -> torch.Tensor:
@@ -690,7 +712,7 @@ class _SparseOperator:
         if values is None:
             values = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
             values = values.to(self.dtype)
-        with EVAL_LOCK, self._guard.protect(always=True):  # the probe's own run of f leaves no trace
+        with EVAL_LOCK, self._guard.protect(always=True, args=call_args):  # the probe's own run of f leaves no trace
             self._call_args = call_args
             report = probe(self, x, values)
         self.last_check = report
@@ -722,7 +744,7 @@ class _SparseOperator:
 
     def _verify(self, x: torch.Tensor, values: torch.Tensor, call_args=None) -> None:
         report = self._probe(x, values, call_args or self._prepared_args)
-        self._checked = True
+        self._checked = self._checked or report.ok  # a failed first check is made again at the next call
         if not report.ok:
             raise CheckError(f"{self._what} failed its cross-mode check at this x ({report}). The sparsity "
                              "pattern does not hold here, the function changed since preparation, or one of "
@@ -1067,7 +1089,7 @@ class SparseHessian(_SparseOperator):
                     and isinstance(getattr(self.backend, "inner", self.backend), ForwardOverReverseHVP))
         if not one_pass:
             H = self.values(x, *args, **kwargs)
-            with EVAL_LOCK, self._guard.protect():
+            with EVAL_LOCK, self._guard.protect(args=call_args):
                 self._call_args = call_args
                 grad, value = _grad_and_value(self._g, _private(x))
             return value, grad.reshape(self.shape), self.decompressor.csr(H)
@@ -1077,7 +1099,7 @@ class SparseHessian(_SparseOperator):
         xf = _private(x)
         parts, value, grad = [], None, None
         with EVAL_LOCK:
-            with self._guard.protect():
+            with self._guard.protect(args=call_args):
                 self._call_args = call_args
                 for seeds in self._with_grad.chunks():
                     value, grad, hs = self._with_grad.run(xf, seeds)

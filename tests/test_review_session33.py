@@ -176,3 +176,198 @@ def test_state_fingerprint_reads_content_within_a_budget(monkeypatch):
     assert cache.state_fingerprint(f)[0] != first
     monkeypatch.setattr(cache, "STATE_CONTENT_ELEMENTS", 150)
     assert not cache.state_fingerprint(f)[1]
+
+
+# -- failure atomicity (a second review, session 33) ------------------------------------------------
+
+def _in_probe() -> bool:
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "probe" and frame.f_code.co_filename.endswith("checks.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_probe_whose_products_all_raise_is_no_passed_check():
+    """Every product of the probe raised (f failing there): the probe reported a pass ("no
+    independent product available") and a stale pattern's Jacobian came back, off by 1."""
+    failing = {"on": False}
+
+    def f(x):
+        if failing["on"] and _in_probe():
+            raise RuntimeError("transient failure inside f")
+        return torch.relu(x) * x.roll(1)
+
+    op = asd.prepare_jacobian(f, -torch.ones(6, dtype=torch.float64), local=True)
+    x = torch.ones(6, dtype=torch.float64)
+    failing["on"] = True
+    with pytest.raises((RuntimeError, asd.CheckError)):
+        op(x)
+    failing["on"] = False
+    with pytest.raises(asd.CheckError):  # the check was not recorded as passed
+        op(x)
+
+
+def test_the_probe_raises_when_no_product_runs_though_f_does(monkeypatch):
+    import asd.checks as checks
+
+    f = lambda x: torch.relu(x) * x.roll(1)  # noqa: E731
+    op = asd.prepare_jacobian(f, -torch.ones(6, dtype=torch.float64), local=True, check=False)
+    x = torch.ones(6, dtype=torch.float64)
+    values = op.values(x)
+
+    def refuse(*a, **k):
+        raise RuntimeError("no product here")
+    for name in ("_dual_jvp", "_autograd_vjp", "_vjp"):
+        monkeypatch.setattr(checks, name, refuse)
+    with pytest.raises(asd.CheckError, match="could not evaluate any product"):
+        checks.probe(op, x, values)
+
+
+@pytest.mark.parametrize("kind", ["jacobian", "values", "hessian"])
+def test_a_failed_first_check_is_made_again_at_the_next_call(kind):
+    """check="first": a first check that failed marked the operator checked; the retry returned
+    the stale pattern's matrix (off by 1, a Hessian off by 2) without a word."""
+    x0, x = -torch.ones(5, dtype=torch.float64), torch.ones(5, dtype=torch.float64)
+    if kind == "hessian":
+        op = asd.prepare_hessian(lambda z: (torch.relu(z) * z.roll(1) ** 2).sum(), x0, local=True, check="first")
+        call = op
+    else:
+        op = asd.prepare_jacobian(lambda z: torch.relu(z) * z.roll(1), x0, local=True, check="first")
+        call = op.values if kind == "values" else op
+    for _ in range(2):
+        with pytest.raises(asd.CheckError):
+            call(x)
+
+
+class _BN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(4).double()
+
+    def forward(self, z):
+        return self.bn(z.reshape(3, 4)).reshape(-1)
+
+
+def test_modules_passed_as_arguments_are_protected_like_those_in_a_closure():
+    """The module-state guard was built from f alone: preparing with the module in args= changed
+    its running statistics, and a failed call left them changed."""
+    torch.manual_seed(0)
+    fail = {"on": False}
+
+    def f(x, net):
+        y = net(x)
+        if fail["on"]:
+            raise ValueError("bad input")
+        return torch.tanh(y)
+
+    x = torch.randn(12, dtype=torch.float64)
+    net = _BN()
+    op = asd.prepare_jacobian(f, x, args=(net,))
+    assert int(net.bn.num_batches_tracked) == 0  # preparing leaves no trace
+    op(x, net)
+    mean, count = net.bn.running_mean.clone(), int(net.bn.num_batches_tracked)
+    fail["on"] = True
+    with pytest.raises(ValueError):
+        op(x, net)
+    assert torch.equal(net.bn.running_mean, mean) and int(net.bn.num_batches_tracked) == count
+
+
+def test_a_module_rebound_after_preparation_is_protected():
+    torch.manual_seed(0)
+    holder = {"net": _BN()}
+    fail = {"on": False}
+
+    def f(x):
+        y = holder["net"](x)
+        if fail["on"]:
+            raise ValueError("bad input")
+        return torch.tanh(y)
+
+    x = torch.randn(12, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    holder["net"] = new = _BN()
+    mean, count = new.bn.running_mean.clone(), int(new.bn.num_batches_tracked)
+    fail["on"] = True
+    with pytest.raises(ValueError):
+        op(x)
+    assert torch.equal(new.bn.running_mean, mean) and int(new.bn.num_batches_tracked) == count
+
+
+def test_one_error_of_f_does_not_replace_the_strategy_or_stop_recording():
+    """An f that raised once: the operator switched mode for good (with a warning), or never
+    recorded its graph (a slowdown for good), though f ran at the very next call."""
+    import warnings
+
+    from asd.backends import traced
+    from asd.operators import _tracing_of
+
+    arm = {"left": 0}
+
+    def f(x):
+        if arm["left"] > 0:
+            arm["left"] -= 1
+            raise ValueError("boom")
+        return torch.cat([torch.sin(x[1:]) * x[:-1] ** 2, x[:1].exp()])
+
+    x = torch.randn(30, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    first = op.strategy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for call in range(1, traced.CALLS_BEFORE_TRACING + 5):
+            if call in (1, traced.CALLS_BEFORE_TRACING + 1):
+                arm["left"] = 1
+                try:
+                    J = op(x)  # an error that passed at the retry: the same strategy's result
+                except ValueError:
+                    J = op(x)
+            else:
+                J = op(x)
+            torch.testing.assert_close(J.to_dense(), torch.func.jacrev(f)(x), rtol=1e-12, atol=1e-12)
+    assert op.strategy == first
+    tracing = _tracing_of(op.state)
+    assert tracing.graphs and not tracing.disabled
+
+
+def test_compiled_value_grad_hessian_is_checked_and_kept_compiled():
+    """The first-call check of torch.compile's products read a (value, gradient, products) tuple
+    as a tensor: AttributeError, and compilation dropped for good with a misleading warning."""
+    import warnings
+
+    x = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    h = lambda z: (torch.sin(z) * z.roll(1)).sum()  # noqa: E731
+    H = asd.prepare_hessian(h, x, compile=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for z in (x, x * 0.3, x * 2.0):
+            value, grad, hess = H.value_grad_hessian(z)
+            torch.testing.assert_close(hess.to_dense(), torch.func.hessian(h)(z))
+            torch.testing.assert_close(grad, torch.func.grad(h)(z))
+    assert H._with_grad is not None and H._with_grad.compile_failed is None and H._with_grad._compile_checked
+
+
+def test_an_error_of_f_at_one_input_keeps_the_compiled_products():
+    """compile=True: one call at an input f rejects raised f's error and turned compilation off for
+    good with 'torch.compile failed'."""
+    import warnings
+
+    def f(x):
+        if bool((x.abs() > 10).any()):
+            raise ValueError("x out of the model's range")
+        return torch.sin(x) * x.roll(1) ** 2
+
+    x = torch.randn(8, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, compile=True, local=True)
+    op(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ValueError, match="out of the model's range"):
+            op(x * 100)
+        for z in (x, x * 0.5):
+            torch.testing.assert_close(op(z).to_dense(), torch.func.jacrev(f)(z))
+    products = getattr(op.state, "fused", None) or op.state.products
+    assert products.compile_failed is None

@@ -191,10 +191,13 @@ class BatchedProducts:
             except InputError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any compiler failure falls back to eager
+                # f's own error at this x (the uncompiled products raise too) is raised, compilation kept
+                out = self._call(self._eager, x, seeds)
                 self.compile_failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                 self._compiled = None
                 warnings.warn(f"asd: torch.compile failed ({self.compile_failed}); evaluating eagerly",
                               RuntimeWarning, stacklevel=3)
+                return out
         return self._call(self._eager, x, seeds)
 
     def _checked_compile(self, out: torch.Tensor, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
@@ -203,9 +206,10 @@ class BatchedProducts:
         differ, the uncompiled products from now on, with a warning."""
         from .compile_cache import _close
 
-        self._compile_checked = True
         want = self._call(self._eager, x, seeds)
-        if _close(out.detach(), want.detach()):
+        outs, wants = (out, want) if isinstance(out, tuple) else ((out,), (want,))
+        self._compile_checked = True  # (only once both ran: a failure above leaves the next call checked)
+        if len(outs) == len(wants) and all(_close(o.detach(), w.detach()) for o, w in zip(outs, wants)):
             return out
         self.compile_failed = "its products differ from the uncompiled ones"
         self._compiled = None

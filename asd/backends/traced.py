@@ -247,6 +247,8 @@ class Tracing:
         #: the compiled graph answered its first call and raised at a later one (``compile_refused``
         #: says why): later calls are evaluated by the plain transforms
         self.failed_later = False
+        #: recordings that raised before their graph was complete (at two, the products are not recorded)
+        self.record_failures = 0
 
     def _record(self, make_fx, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products' graph: a compiled operator records it without ``make_fx`` (which imports
@@ -345,6 +347,12 @@ class Tracing:
             except Exception as exc:  # noqa: BLE001 - not traceable: keep the transforms
                 _set_rng_state(x, rng)  # the transforms evaluate this call: the draws of an unrecorded one
                 self.error = _reason(exc)
+                if not recorded:
+                    # f's own error (raised again by the transforms that evaluate this call), one that
+                    # passed, or one make_fx meets at every call: recorded again once before giving up
+                    self.record_failures += 1
+                    if self.record_failures < 2:
+                        return None
                 self.disabled = True
                 self.unrecordable = not recorded
                 if recorded and self.compile:  # compiling, its check, or the compiled graph's first call failed

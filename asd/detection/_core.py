@@ -282,8 +282,9 @@ class TracedTensor(torch.Tensor):
         tracer = active_tracer()
         if tracer is None:
             raise TracingError(
-                f"a traced tensor was used outside of sparsity tracing (in {func}); "
-                "do not keep tensors from a traced call"
+                f"a traced tensor was used outside of sparsity tracing (in {func}); do not keep tensors from "
+                "a traced call: a tensor f stored while its pattern was detected (a cache in a closure, a global "
+                "or a module attribute filled at f's first call) still holds one: clear it, or fill it outside f"
             )
         return tracer.dispatch(func, args, kwargs or {})
 

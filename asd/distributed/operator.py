@@ -395,7 +395,7 @@ class DistributedOperator:
                 raise InputError(f"{self._what} takes a torch.Tensor of shape {self.shape} (a collective), got a "
                                  "numpy array: convert it with torch.from_numpy")
             _check_call_input(x, self.shape, self.dtype, self.device, self._what)
-            with EVAL_LOCK, self._guard.protect():
+            with EVAL_LOCK, self._guard.protect(args=pair):
                 self._call_args = pair
                 local = self._local_products(x)
         except Exception as exc:  # noqa: BLE001 - raised after the exchange, so no rank waits forever

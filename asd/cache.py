@@ -294,9 +294,9 @@ def value_fingerprint(f: Callable) -> tuple[object, bool]:
     return fp(f), fp.complete
 
 
-#: elements of CPU tensors whose content one :func:`state_fingerprint` reads, in all (beyond, the
-#: summary is incomplete: a cache of computed values then computes again rather than hash more)
-STATE_CONTENT_ELEMENTS = 1 << 20
+#: elements of CPU tensors whose content one :func:`state_fingerprint` reads, in all (beyond, only
+#: their version counters and storages: the summary is then incomplete)
+STATE_CONTENT_ELEMENTS = 1 << 16
 
 
 class _State(_Fingerprint):
@@ -321,7 +321,7 @@ class _State(_Fingerprint):
             self._hashed += t.numel()
             if self._hashed > STATE_CONTENT_ELEMENTS:
                 self.complete = False
-                return key
+                return key + ("content unread",)
             data = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
             key += (hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest(),)
         return key
@@ -331,8 +331,8 @@ def state_fingerprint(obj) -> tuple[object, bool]:
     """``(summary, complete)``: :func:`value_fingerprint` of ``obj`` with every tensor's version
     counter, storage and (up to 65536 elements on the CPU) content: what a cache of *computed
     values* (a gradient at ``x``) must see unchanged before it answers again. Blind only to writes
-    through ``.data`` into larger tensors, or on another device, which bump no version counter.
-    Incomplete beyond :data:`STATE_CONTENT_ELEMENTS` elements read."""
+    through ``.data`` into larger tensors (or beyond :data:`STATE_CONTENT_ELEMENTS` elements in all),
+    or on another device, which bump no version counter."""
     fp = _State()
     return fp(obj), fp.complete
 

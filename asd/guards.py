@@ -10,6 +10,7 @@ default arguments), snapshots their buffers and restores them.
 from __future__ import annotations
 
 import types
+import weakref
 from typing import Callable
 
 import torch
@@ -66,16 +67,28 @@ class ModuleStateGuard:
     """Snapshots the buffers of the modules a call of ``f`` reaches; :meth:`restore` puts them back.
 
     Use as ``with guard.protect(always=..., args=...)``: restores on an exception, and always when
-    asked (detection, which must leave no trace). The modules are found at each call, from ``f`` and
-    from the call's extra arguments ``args``: a module passed as an argument, or a global ``f`` reads
-    that was bound to another module since, is protected as one in ``f``'s closure.
+    asked (detection, which must leave no trace). The modules are those ``f`` reaches (found once),
+    those in the slots ``f`` reads directly at this call (its closure cells and the globals its code
+    names, and the lists, tuples and dicts in them: a global bound to another module since), and
+    those in the call's extra arguments ``args``.
     """
 
     def __init__(self, f: Callable):
         self._f = f
+        self._modules = [weakref.ref(m) for m in modules_of(f)]
 
     def modules(self, args=()) -> list[torch.nn.Module]:
-        found = {id(m): m for m in modules_of(self._f)}
+        found = {}
+        for ref in self._modules:
+            m = ref()
+            if m is not None:
+                found[id(m)] = m
+        # f's own slots and the containers in them, again (cheap: no object's attributes are walked)
+        for obj in _children(self._f) if isinstance(self._f, (types.FunctionType, types.MethodType)) else ():
+            inner = _children(obj) if isinstance(obj, (list, tuple, dict)) else ()
+            for m in (obj, *inner):
+                if isinstance(m, torch.nn.Module):
+                    found.setdefault(id(m), m)
         if args and args != ((), {}):
             found.update((id(m), m) for m in modules_of(args, depth=4))
         return list(found.values())

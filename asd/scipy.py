@@ -174,13 +174,14 @@ class _Scalar:
 
     def _at(self, call_args):
         """``(key, x, others)``; ``key`` is ``None`` (nothing reused) when an argument cannot be
-        compared by content, or ``f``'s state cannot be summarized in full (see
-        :func:`asd.cache.state_fingerprint`: the parameters and tensors ``f`` reads, whose values
-        a solver's caller may change between two solves)."""
+        compared by content. The key holds ``f``'s state (:func:`asd.cache.state_fingerprint`: the
+        version counters and storages of the tensors ``f`` reads, the content of small ones), which
+        a solver's caller may change between two solves; an in-place change it cannot see (a large
+        numpy array's, an attribute of an object of the user's own class) is not seen here either."""
         z, others = self.ad.split(call_args) if call_args else (None, ())
-        state, complete = state_fingerprint(self.ad.f)
+        state, _ = state_fingerprint(self.ad.f)
         try:
-            key = (_key_of(np.asarray(z)), tuple(_key_of(a) for a in others), state) if complete else None
+            key = (_key_of(np.asarray(z)), tuple(_key_of(a) for a in others), state)
         except _Unkeyable:
             key = None
         return key, self.ad.tensor(z), others or self.others0
@@ -206,6 +207,23 @@ class _Scalar:
     def hessian(self, *call_args) -> sp.csr_array:
         """The Hessian at ``call_args``, a matrix of the caller's own (see :meth:`value_and_grad`)."""
         return self.kept_hessian(*call_args).copy()
+
+    def hessp(self, z, p, *others):
+        """The Hessian at ``(z, *others)`` times ``p``: one sparse product with the Hessian kept for
+        that point (made once per point); where only ``f``'s state moved since it was made (a counter
+        ``f`` keeps), one exact Hessian-vector product instead of a new sparse Hessian per ``p``."""
+        call_args = others[:self.ad.argnum] + (z,) + others[self.ad.argnum:]
+        key, x, rest = self._at(call_args)
+        p = np.asarray(p, dtype=float).reshape(-1)
+        kept = self._hess
+        if key is not None and kept is not None and kept[0] != key and kept[0] is not None and kept[0][:2] == key[:2]:
+            v = torch.as_tensor(p, dtype=x.dtype, device=x.device).reshape(x.shape)
+            xr = x.detach().clone().requires_grad_(True)
+            with torch.enable_grad():
+                (g,) = torch.autograd.grad(self.ad.of_variable(xr, *rest).reshape(()), xr, create_graph=True)
+                (hv,) = torch.autograd.grad(g, xr, grad_outputs=v)
+            return hv.detach().reshape(-1).cpu().numpy()
+        return self.kept_hessian(*call_args) @ p
 
     def kept_hessian(self, *call_args) -> sp.csr_array:
         """The Hessian at ``call_args`` as kept for the next call: for products only, never handed out."""
@@ -238,7 +256,5 @@ def hessp(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.flo
         if len(call_args) < 2:
             raise TypeError("hessp is called as hessp(x, p, *args)")
         rest = call_args[:argnum] + call_args[argnum + 2:]
-        z, p = call_args[argnum], call_args[argnum + 1]
-        H = s.kept_hessian(*(rest[:argnum] + (z,) + rest[argnum:]))
-        return H @ np.asarray(p, dtype=float).reshape(-1)
+        return s.hessp(call_args[argnum], call_args[argnum + 1], *rest)
     return product

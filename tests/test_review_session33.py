@@ -371,3 +371,57 @@ def test_an_error_of_f_at_one_input_keeps_the_compiled_products():
             torch.testing.assert_close(op(z).to_dense(), torch.func.jacrev(f)(z))
     products = getattr(op.state, "fused", None) or op.state.products
     assert products.compile_failed is None
+
+
+# -- the review of this session's own change ---------------------------------------------------------
+
+def test_newton_judges_each_equation_at_its_own_scale():
+    """One large unknown (x0 = 1e12) loosened the tolerance of every equation: converged with
+    x1 = 1.462 for x1^2 = 2."""
+    res = newton(lambda x: torch.stack([x[0] - 1e12, x[1] ** 2 - 2]), torch.tensor([1e12, 3.0], dtype=torch.float64))
+    assert res.converged
+    assert abs(float(res.x[1]) - 2 ** 0.5) < 1e-12
+
+
+def _counted(monkeypatch, target, name, counter: dict, key: str):
+    real = getattr(target, name)
+
+    def counting(*a, **k):
+        counter[key] += 1
+        return real(*a, **k)
+    monkeypatch.setattr(target, name, counting)
+
+
+def test_a_function_that_counts_its_calls_still_pays_one_evaluation_per_point(monkeypatch):
+    """f's own counter is state the kept results are keyed on: every point then evaluated value and
+    gradient twice (L-BFGS-B), and hessp rebuilt the sparse Hessian for every vector."""
+    import asd.operators as ops
+
+    seen = {"f": 0, "hessians": 0}
+    _counted(monkeypatch, ops.SparseHessian, "values", seen, "hessians")
+
+    def f(x):
+        seen["f"] += 1
+        return (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum()
+
+    x0 = np.tile([-1.2, 1.0], 10)
+    res = minimize(f, x0, method="L-BFGS-B")
+    assert res.success and seen["f"] == res.nfev
+    seen.update(f=0, hessians=0)
+    res = minimize(f, x0, method="trust-krylov")
+    assert res.success and seen["hessians"] <= res.nit + 2 < res.nhev
+    np.testing.assert_allclose(res.x, np.ones(20), atol=1e-6)
+
+
+def test_least_squares_hands_the_operator_the_same_tensor_for_the_same_array(monkeypatch):
+    """numpy arguments were converted anew at every call: an integer array's new tensor counted as
+    a changed argument, and the cross-mode probe ran at every Jacobian."""
+    import asd.operators as ops
+
+    seen = {"probes": 0}
+    _counted(monkeypatch, ops, "probe", seen, "probes")
+    idx = np.roll(np.arange(50), 1)
+    target = np.linspace(0, 1, 50)
+    r = lambda p, idx, target: p * p[idx] - torch.as_tensor(target) + 0.1 * p ** 3  # noqa: E731
+    res = least_squares(r, np.ones(50), args=(idx, target))
+    assert res.success and seen["probes"] == 0

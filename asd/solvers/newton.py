@@ -47,22 +47,26 @@ DIVERGING_FACTOR = 1e6
 def default_tolerance(dtype: torch.dtype, scale: float = 1.0) -> float:
     """What the rounding of ``dtype`` lets a residual reach where ``f``'s terms are of size
     ``scale``: ``min(1e3 eps, sqrt(eps))`` times ``max(1, scale)``, and at least ``1e-10`` (the
-    float64 default for terms of order one). :func:`newton` takes the scale from the Jacobian at
-    the current iterate, ``||J||_inf * ||x||_inf``: the size of ``J x``, never the initial
-    residual, whose size says nothing about how far from a root an iterate still is."""
+    float64 default for terms of order one). :func:`newton` applies it to each equation, at the scale
+    of that row's terms ``(|J| |x|)_i`` at the latest Jacobian: never the initial residual, whose size
+    says nothing about how far from a root an iterate still is, nor another row's scale."""
     eps = float(torch.finfo(dtype).eps)
     return max(1e-10, min(1e3 * eps, math.sqrt(eps)) * max(1.0, scale))
 
 
-def _term_scale(J: torch.Tensor, x: torch.Tensor) -> float:
-    """``||J||_inf * ||x||_inf`` for a sparse CSR ``J``: the size of the terms ``J x``."""
+def _row_tolerances(J: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+    """:func:`default_tolerance` of each row at its scale ``(|J| |x|)_i`` (a sparse CSR ``J``), or
+    ``None`` where a scale is not finite (no scale to judge by)."""
     vals = J.values().detach().abs()
-    if not vals.numel():
-        return 0.0
-    crow = J.crow_indices()
-    rows = torch.repeat_interleave(torch.arange(crow.numel() - 1, device=crow.device), crow.diff())
-    norm = float(torch.zeros(crow.numel() - 1, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals).max())
-    return norm * float(x.detach().abs().max())
+    crow, col = J.crow_indices(), J.col_indices()
+    m = crow.numel() - 1
+    rows = torch.repeat_interleave(torch.arange(m, device=crow.device), crow.diff())
+    xa = x.detach().reshape(-1).abs().to(vals.dtype)
+    scale = torch.zeros(m, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals * xa[col])
+    if not bool(torch.isfinite(scale).all()):
+        return None
+    eps = float(torch.finfo(x.dtype).eps)
+    return (min(1e3 * eps, math.sqrt(eps)) * scale.clamp_min(1.0)).clamp_min(1e-10)
 
 
 def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damping: bool = True,
@@ -77,9 +81,10 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         Starting point: a tensor (its shape, dtype and device are kept), or a numpy array or list
         (float64 unless it is a float32 array).
     tol
-        Stop when ``||f(x)||_inf <= tol``. Default: :func:`default_tolerance` of the dtype at the scale
-        of ``J x`` at the latest Jacobian (``1e-10`` in float64 for terms of order one); before the
-        first Jacobian, the scale 1.
+        Stop when ``||f(x)||_inf <= tol``. Default: each equation within :func:`default_tolerance` of
+        the dtype at the scale of its terms ``(|J| |x|)_i`` at the latest Jacobian (``1e-10`` in
+        float64 for terms of order one); before the first Jacobian, at the scale 1. The result's
+        ``tol`` is then the largest row's.
     maxiter
         Maximum number of Newton steps.
     damping
@@ -125,6 +130,11 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
     J = SparseJacobian(f, x, **options)
     norm = float(r.abs().max()) if r.numel() else 0.0
     auto_tol = tol is None
+    row_tol = None  # the default's per-row tolerances, from the latest Jacobian
+
+    def within(r: torch.Tensor, norm: float) -> bool:
+        return norm <= tol if row_tol is None else bool((r.detach().abs() <= row_tol).all())
+
     if auto_tol:
         tol = default_tolerance(x.dtype)
     elif not isinstance(tol, (int, float)) or isinstance(tol, bool) or not tol >= 0:
@@ -134,7 +144,7 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
     state, age = None, 0
     status = "maxiter" if math.isfinite(norm) else "diverged"  # f(x0) not finite: nothing to iterate from
     runaway = False  # diverged by a steady climb of the residual, not to infinity
-    while norm > tol and it < maxiter and status != "diverged":
+    while not within(r, norm) and it < maxiter and status != "diverged":
         it += 1
         fresh = state is None or age >= refactor_every
         try:
@@ -142,9 +152,9 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                 if fresh:
                     Jx = J(x)
                     state, age = solver.init(Jx), 0
-                    scale = _term_scale(Jx, x) if auto_tol else 0.0
-                    if auto_tol and math.isfinite(scale):  # (an infinite entry: no scale to judge by)
-                        tol = default_tolerance(x.dtype, scale)
+                    rows = _row_tolerances(Jx, x) if auto_tol else None
+                    if rows is not None:
+                        row_tol, tol = rows.reshape(-1), float(rows.max()) if rows.numel() else tol
                 step, info = solver.compute(state, -r.detach(), warn=False)
         except SingularMatrixError as exc:
             warnings.warn(f"asd.newton: singular Jacobian at iteration {it} ({exc})", ConvergenceWarning, stacklevel=2)
@@ -180,7 +190,7 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                 and norm > DIVERGING_FACTOR * min(history)):
             status, runaway = "diverged", True
             break
-    converged = norm <= tol
+    converged = within(r, norm)
     if converged:
         status = "converged"
     else:

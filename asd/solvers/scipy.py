@@ -29,11 +29,20 @@ def _scipy_args(args) -> tuple:
     return args if isinstance(args, tuple) else (args,)
 
 
-def _torch_arg(a):
-    """An extra argument as ``fun`` takes it: a numpy array as a tensor, a numpy float as a float."""
-    if isinstance(a, np.ndarray):
-        return torch.as_tensor(a)
-    return float(a) if isinstance(a, np.floating) else a
+def _torch_args() -> Callable:
+    """A converter of extra arguments to what ``fun`` takes: a numpy array as a tensor (the same
+    tensor for the same array at every call, sharing its memory: an operator sees the same
+    arguments, not new ones to check), a numpy float as a float."""
+    seen: dict = {}
+
+    def convert(a):
+        if isinstance(a, np.ndarray):
+            hit = seen.get(id(a))
+            if hit is None or hit[0] is not a:
+                hit = seen[id(a)] = (a, torch.as_tensor(a))
+            return hit[1]
+        return float(a) if isinstance(a, np.floating) else a
+    return convert
 
 
 def _asd_computes(kwargs: dict, name: str, fun: str) -> None:
@@ -59,6 +68,7 @@ def least_squares(fun: Callable, x0, **kwargs) -> so.OptimizeResult:
     x0 = torch.as_tensor(np.asarray(x0), dtype=torch.float64)
     if "args" in kwargs:
         kwargs["args"] = _scipy_args(kwargs["args"])
+    _torch_arg = _torch_args()
     args = tuple(_torch_arg(a) for a in kwargs.get("args", ()))
     fkw = {k: _torch_arg(v) for k, v in (kwargs.get("kwargs", None) or {}).items()}
     g = _wrap(fun, x0.shape)
@@ -111,16 +121,15 @@ def minimize(fun: Callable, x0, *, method: str = "trust-constr", **kwargs) -> so
     if name in GRADIENT_FREE:  # the value alone: no gradient evaluated (f may not even be differentiable)
         return so.minimize(s.value, x0.reshape(-1).numpy(), method=method, **kwargs)
     if not isinstance(method, str):  # a custom method may ask for jac: value and gradient from one evaluation
-        return so.minimize(lambda z, *a: s.value_and_grad(z, *a)[0], x0.reshape(-1).numpy(), method=method,
-                           jac=lambda z, *a: s.value_and_grad(z, *a)[1], **kwargs)
+        return so.minimize(s.value_and_grad, x0.reshape(-1).numpy(), method=method, jac=True, **kwargs)
     if name in SPARSE_HESS_METHODS:
         kwargs.setdefault("hess", s.hessian)
     elif name in HESSP_METHODS:
-        kwargs.setdefault("hessp", lambda z, p, *a: s.kept_hessian(z, *a) @ np.asarray(p, dtype=float))
+        kwargs.setdefault("hessp", s.hessp)
     elif name in DENSE_HESS_METHODS:
         if n > MAX_DENSE_HESSIAN:
             raise InputError(f"method={method!r} factorizes a dense Hessian, impractical for n={n}; use "
                              "'trust-krylov' (Hessian-vector products) or 'trust-constr' (sparse Hessian)")
         kwargs.setdefault("hess", lambda z, *a: s.kept_hessian(z, *a).toarray())
-    return so.minimize(lambda z, *a: s.value_and_grad(z, *a)[0], x0.reshape(-1).numpy(), method=method,
-                       jac=lambda z, *a: s.value_and_grad(z, *a)[1], **kwargs)
+    # value and gradient in one callback: SciPy keeps the pair for its point, whatever f's state does
+    return so.minimize(s.value_and_grad, x0.reshape(-1).numpy(), method=method, jac=True, **kwargs)

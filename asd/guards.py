@@ -9,6 +9,7 @@ default arguments), snapshots their buffers and restores them.
 
 from __future__ import annotations
 
+import functools
 import types
 import weakref
 from typing import Callable
@@ -21,6 +22,8 @@ __all__ = ["modules_of", "ModuleStateGuard"]
 def _children(obj) -> list:
     if isinstance(obj, types.MethodType):
         return [obj.__func__, obj.__self__]
+    if isinstance(obj, functools.partial):
+        return [obj.func, *obj.args, *obj.keywords.values()]
     if isinstance(obj, types.FunctionType):
         out = [c.cell_contents for c in (obj.__closure__ or ()) if _filled(c)]
         out += [obj.__globals__[n] for n in obj.__code__.co_names if n in obj.__globals__]
@@ -57,7 +60,7 @@ def modules_of(f: Callable, depth: int = 3) -> list[torch.nn.Module]:
         if isinstance(obj, torch.nn.Module):
             found[id(obj)] = obj
             continue
-        if isinstance(obj, (torch.Tensor, types.ModuleType, type, str, bytes, int, float)):
+        if d == depth or isinstance(obj, (torch.Tensor, types.ModuleType, type, str, bytes, int, float)):
             continue
         stack.extend((c, d + 1) for c in _children(obj))
     return list(found.values())
@@ -67,10 +70,10 @@ class ModuleStateGuard:
     """Snapshots the buffers of the modules a call of ``f`` reaches; :meth:`restore` puts them back.
 
     Use as ``with guard.protect(always=..., args=...)``: restores on an exception, and always when
-    asked (detection, which must leave no trace). The modules are those ``f`` reaches (found once),
-    those in the slots ``f`` reads directly at this call (its closure cells and the globals its code
-    names, and the lists, tuples and dicts in them: a global bound to another module since), and
-    those in the call's extra arguments ``args``.
+    asked (detection, which must leave no trace). The modules are those ``f`` reaches (found once,
+    three levels deep), those two levels deep at this call (a module bound since preparation to a
+    global ``f`` or a helper reads, or to an attribute of an object ``f`` holds), and those in the
+    call's extra arguments ``args``.
     """
 
     def __init__(self, f: Callable):
@@ -83,12 +86,9 @@ class ModuleStateGuard:
             m = ref()
             if m is not None:
                 found[id(m)] = m
-        # f's own slots and the containers in them, again (cheap: no object's attributes are walked)
-        for obj in _children(self._f) if isinstance(self._f, (types.FunctionType, types.MethodType)) else ():
-            inner = _children(obj) if isinstance(obj, (list, tuple, dict)) else ()
-            for m in (obj, *inner):
-                if isinstance(m, torch.nn.Module):
-                    found.setdefault(id(m), m)
+        # again at each call, two levels deep (f's slots, and theirs: a global a helper reads, an
+        # attribute of a bound method's object): a module bound there since preparation
+        found.update((id(m), m) for m in modules_of(self._f, depth=2))
         if args and args != ((), {}):
             found.update((id(m), m) for m in modules_of(args, depth=4))
         return list(found.values())

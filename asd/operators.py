@@ -24,7 +24,7 @@ from .coloring.choose import choose_hessian, choose_jacobian
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor
 from .detection.jacobian import check_input
-from .backends.traced import CALLS_BEFORE_TRACING, Tracing
+from .backends.traced import CALLS_BEFORE_TRACING, Tracing, _rng_state, _set_rng_state
 from . import arg_values
 from .cache import ValueGuard, fingerprint
 from .checks import CheckReport, checks_forced, probe
@@ -484,6 +484,9 @@ class _SparseOperator:
     def _evaluate_once(self, run: Callable, x: torch.Tensor, call_args=None):
         with self._guard.protect(args=call_args or self._prepared_args):
             self._call_args = call_args or self._prepared_args
+            # what f's random ops draw from: a strategy that raised may have drawn, the next evaluation
+            # of this call draws what the first would have
+            rng = _rng_state(x)
             warm = self._warmup_now(x)
             if warm is not None:
                 try:
@@ -491,7 +494,8 @@ class _SparseOperator:
                 except _WritesInput:
                     raise
                 except Exception:  # noqa: BLE001 - refused here (twice): the operator's own strategy from now on
-                    out = self._again(lambda: self._run_private(run, warm.backend, warm.state, self.decompressor, x), x)
+                    out = self._again(lambda: self._run_private(run, warm.backend, warm.state, self.decompressor, x), x,
+                                      rng)
                     if out is None:
                         self._warmup = None
                 if out is not None:
@@ -511,7 +515,8 @@ class _SparseOperator:
             except Exception as exc:  # noqa: BLE001 - refused by torch.func: try the other strategies
                 if isinstance(exc, AsdError) and not isinstance(exc, TransformUnsupported):
                     raise
-                out = self._again(lambda: self._run_private(run, self.backend, self.state, self.decompressor, x), x)
+                out = self._again(lambda: self._run_private(run, self.backend, self.state, self.decompressor, x), x,
+                                  rng)
                 if out is not None:
                     self._settled = True
                     return out
@@ -521,6 +526,7 @@ class _SparseOperator:
                     coloring, backend = make()
                     if self._clash(coloring, backend) is not None:
                         continue
+                    _set_rng_state(x, rng)
                     try:
                         state = backend.init(self._g, self._x0, coloring, **self._options)
                         decompressor = Decompressor(coloring, self.device)
@@ -572,14 +578,12 @@ class _SparseOperator:
         self._warmup.calls += 1
         return self._warmup
 
-    def _again(self, evaluate: Callable, x: torch.Tensor):
+    def _again(self, evaluate: Callable, x: torch.Tensor, rng: tuple):
         """After a strategy raised at ``x``: ``f``'s own error where ``f`` fails here, else the
         strategy's result evaluated once more (an error that passed), or ``None`` where it fails again
-        (then it cannot evaluate ``f``, and another takes over). ``f``'s random ops draw in each
-        evaluation what they draw in the one after this (the strategy's own, or the next's)."""
-        from .backends.traced import _rng_state, _set_rng_state
-
-        rng = _rng_state(x)
+        (then it cannot evaluate ``f``, and another takes over). Each evaluation starts from the
+        random-number state ``rng`` the call started from."""
+        _set_rng_state(x, rng)
         self._raise_if_f_fails(x)
         _set_rng_state(x, rng)
         try:

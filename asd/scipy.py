@@ -221,8 +221,11 @@ class _Scalar:
             xr = x.detach().clone().requires_grad_(True)
             with torch.enable_grad():
                 (g,) = torch.autograd.grad(self.ad.of_variable(xr, *rest).reshape(()), xr, create_graph=True)
-                (hv,) = torch.autograd.grad(g, xr, grad_outputs=v)
-            return hv.detach().reshape(-1).cpu().numpy()
+                # a gradient that does not depend on x (f linear there) has a zero Hessian
+                hv = torch.autograd.grad(g, xr, grad_outputs=v)[0] if g.requires_grad else torch.zeros_like(xr)
+            hv = hv.detach().reshape(-1).cpu().numpy().astype(np.float64)
+            if np.isfinite(hv).all():  # (double backward gives NaN where the sparse Hessian's products are finite)
+                return hv
         return self.kept_hessian(*call_args) @ p
 
     def kept_hessian(self, *call_args) -> sp.csr_array:

@@ -425,3 +425,120 @@ def test_least_squares_hands_the_operator_the_same_tensor_for_the_same_array(mon
     r = lambda p, idx, target: p * p[idx] - torch.as_tensor(target) + 0.1 * p ** 3  # noqa: E731
     res = least_squares(r, np.ones(50), args=(idx, target))
     assert res.success and seen["probes"] == 0
+
+
+# -- a short review of the fixes above ---------------------------------------------------------------
+
+def test_newton_judges_each_row_at_the_iterate_it_judges():
+    """The rows' tolerances came from the previous iterate's scale: from x1 = 1e13 one step to
+    x1 = 1 'converged' with x0 = 1.5 (tolerance 2.2)."""
+    f = lambda x: torch.stack([x[0] ** 2 - 2 + (x[1] - 1), x[1] - 1])  # noqa: E731
+    res = newton(f, torch.tensor([1.0, 1e13], dtype=torch.float64))
+    assert res.converged and abs(float(res.x[0]) - 2 ** 0.5) < 1e-9
+    f = lambda x: torch.stack([x[0] - 1e13, x[1] ** 2 + 1])  # noqa: E731 - no root in x1
+    with pytest.warns(asd.ConvergenceWarning):
+        res = newton(f, torch.tensor([1e13, 0.5], dtype=torch.float64))
+    assert not res.converged
+
+
+def test_newton_accepts_a_stagnated_iterate_at_its_rows_rounding_floor():
+    """float32, a row whose intermediates (1e4) are far larger than its terms: the residual cannot go
+    below 2e-4, and the per-row tolerance alone reported a stagnation."""
+    f = lambda x: torch.stack([x[0] - 100, (x[1] + 1e4) - 1e4 - 0.3])  # noqa: E731
+    res = newton(f, torch.tensor([1.0, 0.0]))
+    assert res.converged and abs(float(res.x[1]) - 0.3) < 1e-3
+
+
+def test_hessp_with_a_moved_state_handles_linear_and_kinked_functions():
+    import asd.scipy as asp
+
+    calls = {"n": 0}
+
+    def linear(x):
+        calls["n"] += 1
+        return (3.0 * x).sum()
+
+    hp = asp.hessp(linear, np.ones(3))
+    for _ in range(2):
+        np.testing.assert_array_equal(hp(np.ones(3), np.ones(3)), np.zeros(3))
+
+    def kinked(x):
+        calls["n"] += 1
+        return torch.linalg.vector_norm(x) ** 2 + (x ** 4).sum()
+
+    hp = asp.hessp(kinked, np.zeros(3))
+    want = (torch.func.hessian(lambda z: torch.linalg.vector_norm(z) ** 2 + (z ** 4).sum())(torch.zeros(3, dtype=torch.float64))
+            @ torch.ones(3, dtype=torch.float64)).numpy()
+    for _ in range(2):
+        got = hp(np.zeros(3), np.ones(3))
+        assert np.isfinite(got).all() and got.dtype == np.float64
+        np.testing.assert_allclose(got, want)
+
+
+def test_a_fallback_strategy_draws_what_the_call_would_have_drawn():
+    """A strategy that raised had drawn from the random-number state: the next one drew later
+    numbers than an unrecorded call (the call that switched to plain autograd)."""
+    import warnings
+
+    buf = torch.zeros(1)
+
+    def f(x):
+        r = torch.rand(5, dtype=x.dtype)
+        buf.add_(1)  # torch.func refuses the write into a captured tensor; plain autograd does not
+        return x * r
+
+    x = torch.ones(5, dtype=torch.float64)
+    op = asd.SparseJacobian(f, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for call in range(3):
+            torch.manual_seed(call)
+            values, after = op.values(x), torch.rand(1)
+            torch.manual_seed(call)
+            assert torch.equal(values, torch.rand(5, dtype=torch.float64)) and torch.equal(after, torch.rand(1))
+
+
+@pytest.mark.parametrize("where", ["helper_global", "bound_method", "partial"])
+def test_modules_reached_through_helpers_methods_and_partials_are_protected(where):
+    import functools
+
+    torch.manual_seed(0)
+    fail = {"on": False}
+    state = {"net": _BN()}
+
+    def body(net, x):
+        y = net(x)
+        if fail["on"]:
+            raise ValueError("bad input")
+        return torch.tanh(y)
+
+    if where == "helper_global":  # f calls a helper whose global names the module
+        ns = {"body": body, "net": state["net"]}
+        exec("def helper(x):\n    return body(net, x)\n", ns)
+        helper = ns["helper"]
+        f = lambda x: helper(x)  # noqa: E731
+    elif where == "bound_method":
+        class Model:
+            def __init__(self):
+                self.net = state["net"]
+
+            def __call__(self, x):
+                return body(self.net, x)
+        model = Model()
+        f = model.__call__
+    else:
+        f = functools.partial(body, state["net"])
+    x = torch.randn(12, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    new = _BN()
+    if where == "bound_method":
+        model.net = new
+    elif where == "helper_global":
+        ns["net"] = new
+    else:
+        new = state["net"]
+    mean, count = new.bn.running_mean.clone(), int(new.bn.num_batches_tracked)
+    fail["on"] = True
+    with pytest.raises(ValueError):
+        op(x)
+    assert torch.equal(new.bn.running_mean, mean) and int(new.bn.num_batches_tracked) == count

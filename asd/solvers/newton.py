@@ -54,15 +54,21 @@ def default_tolerance(dtype: torch.dtype, scale: float = 1.0) -> float:
     return max(1e-10, min(1e3 * eps, math.sqrt(eps)) * max(1.0, scale))
 
 
-def _row_tolerances(J: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
-    """:func:`default_tolerance` of each row at its scale ``(|J| |x|)_i`` (a sparse CSR ``J``), or
-    ``None`` where a scale is not finite (no scale to judge by)."""
+def _row_tolerances(J: torch.Tensor, x: torch.Tensor, *, floor: bool = False) -> torch.Tensor | None:
+    """:func:`default_tolerance` of each row of a sparse CSR ``J`` at ``x``: at the size of its terms
+    ``(|J| |x|)_i``, or with ``floor=True`` at ``||J_i||_1 ||x||_inf`` (what rounding may leave of a row
+    whose intermediates are as large as the largest unknown: the residual a stagnated iteration is
+    accepted at); ``None`` where a scale is not finite (no scale to judge by)."""
     vals = J.values().detach().abs()
     crow, col = J.crow_indices(), J.col_indices()
     m = crow.numel() - 1
     rows = torch.repeat_interleave(torch.arange(m, device=crow.device), crow.diff())
     xa = x.detach().reshape(-1).abs().to(vals.dtype)
-    scale = torch.zeros(m, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals * xa[col])
+    if floor:
+        big = float(xa.max()) if xa.numel() else 0.0
+        scale = torch.zeros(m, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals) * big
+    else:
+        scale = torch.zeros(m, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals * xa[col])
     if not bool(torch.isfinite(scale).all()):
         return None
     eps = float(torch.finfo(x.dtype).eps)
@@ -82,9 +88,12 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         (float64 unless it is a float32 array).
     tol
         Stop when ``||f(x)||_inf <= tol``. Default: each equation within :func:`default_tolerance` of
-        the dtype at the scale of its terms ``(|J| |x|)_i`` at the latest Jacobian (``1e-10`` in
-        float64 for terms of order one); before the first Jacobian, at the scale 1. The result's
-        ``tol`` is then the largest row's.
+        the dtype at the scale of its terms ``(|J| |x|)_i`` (the latest Jacobian, the current ``x``;
+        ``1e-10`` in float64 for terms of order one); before the first Jacobian, at the scale 1. Where
+        no damped step reduces the residual any more, each row within the tolerance at
+        ``||J_i||_1 ||x||_inf`` (its rounding floor where intermediates are as large as the largest
+        unknown) counts as converged. The result's ``tol`` is then the tolerance of the row furthest
+        from its own.
     maxiter
         Maximum number of Newton steps.
     damping
@@ -130,10 +139,18 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
     J = SparseJacobian(f, x, **options)
     norm = float(r.abs().max()) if r.numel() else 0.0
     auto_tol = tol is None
-    row_tol = None  # the default's per-row tolerances, from the latest Jacobian
+    Jk = None  # the latest Jacobian, whose rows scale the default's per-row tolerances
 
-    def within(r: torch.Tensor, norm: float) -> bool:
-        return norm <= tol if row_tol is None else bool((r.detach().abs() <= row_tol).all())
+    def within(r: torch.Tensor, norm: float, x: torch.Tensor, floor: bool = False) -> bool:
+        """Whether the residual ``r`` at ``x`` is within tolerance: ``tol``, or by default each row
+        within its own at ``x`` (``floor``: the looser one a stagnated iteration is accepted at)."""
+        nonlocal tol
+        rows = _row_tolerances(Jk, x, floor=floor) if auto_tol and Jk is not None else None
+        if rows is None:
+            return norm <= tol
+        worst = int(torch.argmax(r.detach().abs().reshape(-1) / rows)) if rows.numel() else 0
+        tol = float(rows[worst]) if rows.numel() else tol  # the tolerance of the row furthest from its own
+        return bool((r.detach().abs().reshape(-1) <= rows).all())
 
     if auto_tol:
         tol = default_tolerance(x.dtype)
@@ -144,7 +161,7 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
     state, age = None, 0
     status = "maxiter" if math.isfinite(norm) else "diverged"  # f(x0) not finite: nothing to iterate from
     runaway = False  # diverged by a steady climb of the residual, not to infinity
-    while not within(r, norm) and it < maxiter and status != "diverged":
+    while not within(r, norm, x) and it < maxiter and status != "diverged":
         it += 1
         fresh = state is None or age >= refactor_every
         try:
@@ -152,9 +169,7 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                 if fresh:
                     Jx = J(x)
                     state, age = solver.init(Jx), 0
-                    rows = _row_tolerances(Jx, x) if auto_tol else None
-                    if rows is not None:
-                        row_tol, tol = rows.reshape(-1), float(rows.max()) if rows.numel() else tol
+                    Jk = Jx
                 step, info = solver.compute(state, -r.detach(), warn=False)
         except SingularMatrixError as exc:
             warnings.warn(f"asd.newton: singular Jacobian at iteration {it} ({exc})", ConvergenceWarning, stacklevel=2)
@@ -190,7 +205,7 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                 and norm > DIVERGING_FACTOR * min(history)):
             status, runaway = "diverged", True
             break
-    converged = within(r, norm)
+    converged = within(r, norm, x) or (status == "stagnated" and auto_tol and within(r, norm, x, floor=True))
     if converged:
         status = "converged"
     else:

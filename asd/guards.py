@@ -71,9 +71,9 @@ class ModuleStateGuard:
 
     Use as ``with guard.protect(always=..., args=...)``: restores on an exception, and always when
     asked (detection, which must leave no trace). The modules are those ``f`` reaches (found once,
-    three levels deep), those two levels deep at this call (a module bound since preparation to a
-    global ``f`` or a helper reads, or to an attribute of an object ``f`` holds), and those in the
-    call's extra arguments ``args``.
+    three levels deep), those two levels deep at this call where ``f`` reached any at all (a module
+    bound since preparation to a global ``f`` or a helper reads, or to an attribute of an object
+    ``f`` holds, in place of another), and those in the call's extra arguments ``args``.
     """
 
     def __init__(self, f: Callable):
@@ -86,9 +86,11 @@ class ModuleStateGuard:
             m = ref()
             if m is not None:
                 found[id(m)] = m
-        # again at each call, two levels deep (f's slots, and theirs: a global a helper reads, an
-        # attribute of a bound method's object): a module bound there since preparation
-        found.update((id(m), m) for m in modules_of(self._f, depth=2))
+        if self._modules:
+            # again at each call, two levels deep (f's slots, and theirs: a global a helper reads, an
+            # attribute of a bound method's object): a module bound there since preparation, for a
+            # function that reached modules at all (the others pay no walk per call)
+            found.update((id(m), m) for m in modules_of(self._f, depth=2))
         if args and args != ((), {}):
             found.update((id(m), m) for m in modules_of(args, depth=4))
         return list(found.values())

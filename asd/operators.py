@@ -1042,26 +1042,24 @@ class SparseHessian(_SparseOperator):
             return False
         if self._screened and not (changed or self.check_mode is True):
             return False
-        from .decompression.precision import substitution_excess, warn_lost_precision
+        from .decompression.precision import judge_substitution
 
-        excess = substitution_excess(self.coloring.plan, self.coloring.pattern, values)
-        self._screened = True
-        if excess <= 1.0:
-            return False
-        if self._rechoose is None:
-            warn_lost_precision(excess, stacklevel=4)
-            return False
-        order, batch_size, trace, explicit = self._rechoose
-        result = self._choose_coloring(lambda: choose_hessian(self.pattern, "star", order, exact_arithmetic=True,
-                                                              max_levels=None))
-        warn_lost_precision(excess, switched=(result.ncolors, self.ncolors), stacklevel=4)
-        self._setup(self._g, result, x, None, batch_size, self._compile, self.check_mode, trace,
-                    hvp=HVP_BACKENDS[self._hvp], explicit=explicit)
-        self._rechoose = None
-        self._with_grad = None  # value_grad_hessian's products: on the new coloring's seeds
-        if not explicit and not self._compile:
-            self._default_warmup(x)
-        return True
+        def recolor() -> int:
+            order, batch_size, trace, explicit = self._rechoose
+            result = self._choose_coloring(lambda: choose_hessian(self.pattern, "star", order, exact_arithmetic=True,
+                                                                  max_levels=None))
+            self._setup(self._g, result, x, None, batch_size, self._compile, self.check_mode, trace,
+                        hvp=HVP_BACKENDS[self._hvp], explicit=explicit)
+            self._rechoose = None
+            self._with_grad = None  # value_grad_hessian's products: on the new coloring's seeds
+            if not explicit and not self._compile:
+                self._default_warmup(x)
+            return self.ncolors
+
+        switched = judge_substitution(self.coloring.plan, self.coloring.pattern, values, self.ncolors,
+                                      None if self._rechoose is None else recolor, stacklevel=4)
+        self._screened = True  # (once judged)
+        return switched
 
     def _fallbacks(self):
         coloring = self.coloring

@@ -38,6 +38,23 @@ def csr(op, values: torch.Tensor) -> sp.csr_array:
     return sp.csr_array((values.detach().cpu().numpy(), P.indices.copy(), P.indptr.copy()), shape=P.shape)
 
 
+def numpy_arguments(device="cpu") -> Callable:
+    """A converter of SciPy's extra arguments to what a PyTorch ``f`` takes: a numpy array as a
+    tensor on ``device`` (the same tensor for the same array at every call, sharing its memory on
+    the CPU: an operator then sees the same arguments, not new ones to check), a numpy float as a
+    float, anything else as it is."""
+    seen: dict = {}
+
+    def convert(a):
+        if isinstance(a, np.ndarray):
+            hit = seen.get(id(a))
+            if hit is None or hit[0] is not a:  # (the array is kept: its id is not reused meanwhile)
+                hit = seen[id(a)] = (a, torch.as_tensor(a, device=device))
+            return hit[1]
+        return float(a) if isinstance(a, np.floating) else a
+    return convert
+
+
 class _Adapter:
     """Calls ``f`` with the differentiated argument at ``argnum`` and the others as given."""
 
@@ -45,14 +62,10 @@ class _Adapter:
         if not isinstance(argnum, int) or isinstance(argnum, bool) or argnum < 0:
             raise TypeError(f"argnum must be a non-negative int (the position of the variable), got {argnum!r}")
         self.f, self.argnum, self.shape, self.dtype, self.device = f, argnum, tuple(shape), dtype, device
+        self.other = numpy_arguments(device)
 
     def tensor(self, z) -> torch.Tensor:
         return torch.as_tensor(np.asarray(z), dtype=self.dtype, device=self.device).reshape(self.shape)
-
-    def other(self, a):
-        if isinstance(a, np.ndarray):
-            return torch.as_tensor(a, device=self.device)
-        return float(a) if isinstance(a, np.floating) else a
 
     def split(self, call_args: tuple):
         if len(call_args) <= self.argnum:

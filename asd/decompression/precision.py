@@ -12,6 +12,8 @@ counts at that floor.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import warnings
 
 import numpy as np
@@ -19,7 +21,7 @@ import torch
 
 from .plans import SubstitutionPlan
 
-__all__ = ["substitution_excess", "warn_lost_precision"]
+__all__ = ["substitution_excess", "warn_lost_precision", "judge_substitution"]
 
 
 def substitution_excess(plan: SubstitutionPlan, pattern, values: torch.Tensor) -> float:
@@ -53,3 +55,19 @@ def warn_lost_precision(excess: float, *, switched: tuple[int, int] | None = Non
     else:
         said += f"the operator now decompresses directly with a star coloring ({switched[0]} colors instead of {switched[1]})"
     warnings.warn(said, PrecisionWarning, stacklevel=stacklevel + 1)
+
+
+def judge_substitution(plan: SubstitutionPlan, pattern, values: torch.Tensor, ncolors: int,
+                       recolor: Callable[[], int] | None = None, *, stacklevel: int = 2) -> bool:
+    """Judge substitution's rounding of ``values`` (:func:`substitution_excess`): beyond what a check
+    tolerates, warn (:func:`warn_lost_precision`) and, where the operator may color again, call
+    ``recolor`` (it sets up a star coloring and returns its number of colors). ``True`` where it
+    did: the values at hand come from the old coloring."""
+    excess = substitution_excess(plan, pattern, values)
+    if excess <= 1.0:
+        return False
+    if recolor is None:
+        warn_lost_precision(excess, stacklevel=stacklevel + 1)
+        return False
+    warn_lost_precision(excess, switched=(recolor(), ncolors), stacklevel=stacklevel + 1)
+    return True

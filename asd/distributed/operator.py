@@ -37,7 +37,7 @@ from ..detection.jacobian import check_input
 from .. import arg_values
 from ..cache import fingerprint
 from ..checks import probe
-from ..decompression.precision import substitution_excess, warn_lost_precision
+from ..decompression.precision import judge_substitution
 from ..errors import ADGapWarning, AsdError, CheckError, InputError
 from ..guards import ModuleStateGuard
 from ..memory import auto_batch_size
@@ -477,9 +477,7 @@ class DistributedOperator:
             values = self.decompressor.values(assembled)
             if not self._screened:  # substitution's rounding, at the first call as in one process (warned only)
                 self._screened = True
-                excess = substitution_excess(self.coloring.plan, self.coloring.pattern, values)
-                if excess > 1.0:
-                    warn_lost_precision(excess, stacklevel=4)
+                judge_substitution(self.coloring.plan, self.coloring.pattern, values, self.ncolors, stacklevel=4)
             if isinstance(self.output, Rows):
                 lo, hi = (int(self.coloring.indptr[r]) for r in self.row_range)
                 return values[lo:hi]

@@ -23,7 +23,7 @@ from ..coloring import symmetric_pattern
 from ..coloring.choose import choose_hessian, choose_jacobian
 from ..checks import ROW_FLOOR_POWER, _rows_agree, tolerance_of
 from ..decompression.plans import SubstitutionPlan
-from ..decompression.precision import substitution_excess, warn_lost_precision
+from ..decompression.precision import judge_substitution
 from ..errors import CheckError, InputError
 from ..operators import HESSIAN_COLORINGS, JACOBIAN_COLORINGS, MODES
 from ..patterns import SparsityPattern, as_pattern
@@ -407,19 +407,17 @@ class SparseHessian(_SparseOperator):
             return False
         if (self._screened and not self.check) or isinstance(values, jax.core.Tracer):
             return False  # under the user's jax.jit: no values to judge (the next eager call is screened)
-        excess = substitution_excess(self.coloring.plan, self.coloring.pattern, torch.from_numpy(np.asarray(values)))
+        def recolor() -> int:
+            result = choose_hessian(self.pattern, "star", self._rechoose, exact_arithmetic=True, max_levels=None)
+            self._finish(result, _hvp_products(self._g), self._batch_size, constants=False)
+            self._with_grad = None
+            self._rechoose = None
+            return self.ncolors
+
+        switched = judge_substitution(self.coloring.plan, self.coloring.pattern, torch.from_numpy(np.asarray(values)),
+                                      self.ncolors, None if self._rechoose is None else recolor, stacklevel=4)
         self._screened = True
-        if excess <= 1.0:
-            return False
-        if self._rechoose is None:
-            warn_lost_precision(excess, stacklevel=4)
-            return False
-        result = choose_hessian(self.pattern, "star", self._rechoose, exact_arithmetic=True, max_levels=None)
-        warn_lost_precision(excess, switched=(result.ncolors, self.ncolors), stacklevel=4)
-        self._finish(result, _hvp_products(self._g), self._batch_size, constants=False)
-        self._with_grad = None
-        self._rechoose = None
-        return True
+        return switched
 
     def value_grad_hessian(self, x):
         """``(f(x), grad f(x), Hessian as BCSR)`` from one jitted forward-over-reverse evaluation."""

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import InputError
 from ..operators import SparseJacobian
-from ..scipy import csr
+from ..scipy import csr, numpy_arguments
 
 
 def _wrap(f: Callable, shape, dtype=torch.float64):
@@ -27,22 +27,6 @@ def _wrap(f: Callable, shape, dtype=torch.float64):
 def _scipy_args(args) -> tuple:
     """SciPy's ``args=``: a tuple of extra arguments, or a single one."""
     return args if isinstance(args, tuple) else (args,)
-
-
-def _torch_args() -> Callable:
-    """A converter of extra arguments to what ``fun`` takes: a numpy array as a tensor (the same
-    tensor for the same array at every call, sharing its memory: an operator sees the same
-    arguments, not new ones to check), a numpy float as a float."""
-    seen: dict = {}
-
-    def convert(a):
-        if isinstance(a, np.ndarray):
-            hit = seen.get(id(a))
-            if hit is None or hit[0] is not a:
-                hit = seen[id(a)] = (a, torch.as_tensor(a))
-            return hit[1]
-        return float(a) if isinstance(a, np.floating) else a
-    return convert
 
 
 def _asd_computes(kwargs: dict, name: str, fun: str) -> None:
@@ -68,7 +52,7 @@ def least_squares(fun: Callable, x0, **kwargs) -> so.OptimizeResult:
     x0 = torch.as_tensor(np.asarray(x0), dtype=torch.float64)
     if "args" in kwargs:
         kwargs["args"] = _scipy_args(kwargs["args"])
-    _torch_arg = _torch_args()
+    _torch_arg = numpy_arguments()
     args = tuple(_torch_arg(a) for a in kwargs.get("args", ()))
     fkw = {k: _torch_arg(v) for k, v in (kwargs.get("kwargs", None) or {}).items()}
     g = _wrap(fun, x0.shape)

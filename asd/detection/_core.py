@@ -347,10 +347,7 @@ class Call:
 
     def sets(self, t) -> sp.csr_matrix | None:
         """Index sets of argument ``t``, or ``None`` when it depends on no input."""
-        if isinstance(t, TracedTensor) and is_differentiable_dtype(t.dtype) and not self.tracer.detached(t):
-            s = t.sets
-            return s if s.nnz else None
-        return None
+        return sets_of(self.tracer, t)
 
     def constant(self, t) -> bool:
         """Whether ``t`` depends on no input here, as reverse mode sees it: no index sets (a plain
@@ -397,6 +394,15 @@ class Call:
         add_cross = getattr(self.tracer, "add_cross", None)
         if add_cross is not None:
             add_cross(Ga, Gb)
+
+
+def sets_of(tracer: TracerLike, t) -> sp.csr_matrix | None:
+    """Index sets of ``t`` as an argument of an op traced by ``tracer``, or ``None`` when it
+    depends on no input (:meth:`Call.sets`)."""
+    if isinstance(t, TracedTensor) and t.dtype in FLOATING and not tracer.detached(t):
+        s = t.sets
+        return s if s.indptr[-1] else None
+    return None
 
 
 _NO_DEFAULT = object()

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import InputError, TracingError, UnsupportedOpError, UnsupportedOpWarning
 from . import sets as S
-from ._core import Call, Storage, TracedTensor, bind, is_differentiable_dtype, pop_tracer, push_tracer
+from ._core import Call, Storage, TracedTensor, bind, is_differentiable_dtype, pop_tracer, push_tracer, sets_of
 from .ad_gaps import GAPS, gaps_of
 from .rules.fallback import conservative
 from .rules.movement import storage_view_rows, view_ids
@@ -249,6 +249,19 @@ def _contiguous_strides(shape) -> tuple:
         strides.append(acc)
         acc *= max(d, 1)
     return tuple(reversed(strides))
+
+
+_STRIDES: dict = {}
+
+
+def _canonical_strides(shape: torch.Size) -> tuple:
+    """:func:`_contiguous_strides` of ``shape``, remembered per shape."""
+    strides = _STRIDES.get(shape)
+    if strides is None:
+        if len(_STRIDES) >= 4096:
+            _STRIDES.clear()
+        strides = _STRIDES[shape] = _contiguous_strides(shape)
+    return strides
 
 
 def _expanded_contiguous(t: torch.Tensor) -> bool:
@@ -563,6 +576,86 @@ def _decomposition(func, rule=False):
     return decomposition_table.get(func)
 
 
+_POINTWISE: dict = {}
+
+
+def _pointwise_rule(func):
+    """The rule function :meth:`Tracer._pointwise` may run for ``func``, or ``None``: a functional
+    pointwise op of one tensor output whose builtin rule is the plain elementwise union under
+    global tracing (``elementwise``, ``mul_rule``, ``div_rule`` without a rounding mode), with no
+    known AD gap."""
+    entry = _POINTWISE.get(id(func))
+    if entry is None or entry[0] is not func:
+        entry = _POINTWISE[id(func)] = (func, _pointwise_fn(func))  # func kept alive: its id is never reused
+    return entry[1]
+
+
+def _pointwise_fn(func):
+    from .rules.elementwise import div_rule, elementwise, mul_rule
+
+    if not isinstance(func, torch._ops.OpOverload):
+        return None
+    rule = lookup(func)
+    schema = func._schema
+    if (rule is None or not rule.builtin or rule.fn not in (elementwise, mul_rule, div_rule)
+            or torch.Tag.pointwise not in func.tags or schema.is_mutable
+            or torch.Tag.nondeterministic_seeded in func.tags
+            or len(schema.returns) != 1 or schema.returns[0].alias_info is not None
+            or str(schema.returns[0].type) != "Tensor"
+            or func.overloadpacket._qualified_op_name in GAPS
+            or any(a.name == "rounding_mode" for a in schema.arguments)):
+        return None
+    return rule.fn
+
+
+#: ops :meth:`Tracer._permuting` answers: functional moves of every element to one place, the output
+#: of the input's shape (``clone`` without a memory format: the identity)
+_PERMUTING = frozenset({aten.roll.default, aten.flip.default, aten.clone.default})
+_STACK = aten.stack.default
+_ROWS: dict = {}
+#: most elements of one remembered row array; the memo is emptied once it holds 8 times as many
+_ROWS_ELEMENTS = 1 << 18
+_ROWS_HELD = [0]
+
+
+_MOVEMENT: list = []
+
+
+def _movement_rule():
+    if not _MOVEMENT:
+        from .rules.movement import movement
+
+        _MOVEMENT.append(movement)
+    return _MOVEMENT[0]
+
+
+def _permutation_rows(key: tuple, func, rest: tuple) -> np.ndarray | None:
+    """Row ``i`` of the output of ``func(x, *rest)`` copies element ``rows[i]`` of ``x`` (row-major),
+    for ``x`` of shape ``key[1]``: the op run once on element ids (``None`` if it raises there)."""
+    rows = _ROWS.get(key)
+    if rows is None:
+        shape = tuple(key[1])
+        n = 1
+        for d in shape:
+            n *= d
+        try:
+            with no_dispatch():
+                out = func(torch.arange(n, dtype=torch.int64).reshape(shape), *rest)
+        except (RuntimeError, TypeError, ValueError, IndexError):
+            return None
+        if tuple(out.shape) != shape:
+            return None
+        rows = out.reshape(-1).numpy().copy()
+        rows.flags.writeable = False
+        if n <= _ROWS_ELEMENTS:
+            _ROWS_HELD[0] += n
+            if _ROWS_HELD[0] > 8 * _ROWS_ELEMENTS:
+                _ROWS.clear()
+                _ROWS_HELD[0] = n
+            _ROWS[key] = rows
+    return rows
+
+
 # Ops answered by the tracer itself, before any rule.
 _SCALAR_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 
@@ -806,6 +899,20 @@ class Tracer:
 
     # -- dispatch -----------------------------------------------------------------------------
     def dispatch(self, func, args, kwargs):
+        if not kwargs and self._lazy and not self.local:
+            fn = _pointwise_rule(func)
+            if fn is not None:
+                out = self._pointwise(func, args, fn)
+                if out is not None:
+                    return out
+            elif func in _PERMUTING:
+                out = self._permuting(func, args)
+                if out is not None:
+                    return out
+            elif func is _STACK:
+                out = self._stacking(args)
+                if out is not None:
+                    return out
         facts = op_facts(func)
         flat, spec = _flatten_call(args, kwargs)
         traced = [a for a in flat if isinstance(a, TracedTensor)]
@@ -914,6 +1021,118 @@ class Tracer:
             self._alias_copy(args[0], wrapped[0])
         wrapped = iter(wrapped)
         return _unflatten([next(wrapped) if isinstance(o, torch.Tensor) else o for o in outs_flat], out_spec)
+
+    def _pointwise(self, func, args: tuple, fn) -> TracedTensor | None:
+        """What :meth:`dispatch` returns for a functional pointwise op under global tracing, in the
+        one case a traced function repeats most: every tensor operand a traced meta tensor of one
+        floating dtype and one shape, contiguous, the others Python numbers (``u * v + 2.0``). The
+        output is then a contiguous tensor of that shape and dtype, and the op's own rule gives its
+        sets; the general path would compute the same through the meta kernel's memo. ``None``
+        where the case does not apply (the general path then runs)."""
+        if not 0 < len(args) <= 2 or "observe" in self.__dict__:
+            return None
+        shape = dtype = None
+        pargs = []
+        for a in args:
+            if type(a) is TracedTensor:
+                p = a.primal
+                if dtype is None:
+                    shape, dtype = p.shape, p.dtype
+                    if (not p.is_meta or p.layout != torch.strided or not dtype.is_floating_point or not p.numel()
+                            or p.stride() != _canonical_strides(shape)):
+                        return None
+                elif (not p.is_meta or p.layout != torch.strided or p.dtype != dtype or p.shape != shape
+                      or p.stride() != _canonical_strides(shape)):
+                    return None
+                pargs.append(p)
+            elif type(a) is int or type(a) is float:
+                pargs.append(a)
+            else:
+                return None
+        if dtype is None:
+            return None
+        rule = lookup(func)
+        if rule is None or rule.fn is not fn or not rule.builtin:
+            return None
+        self.ops_seen.add(func)
+        out = torch.empty_strided(shape, _canonical_strides(shape), dtype=dtype, device="meta")
+        call = Call(func, args, {}, tuple(pargs), {}, [out], self)
+        call.lazy = True
+        out_sets = fn(call)
+        return self.wrap(out, out_sets[0])
+
+    def _permuting(self, func, args: tuple) -> TracedTensor | None:
+        """What :meth:`dispatch` returns for ``roll`` / ``flip`` of a contiguous traced meta tensor
+        with Python int arguments under global tracing: a contiguous tensor of the input's shape
+        whose sets are the input's rows in the order the op moves the elements (found once per
+        shape and arguments by running the op on element ids, as the movement rule does). ``None``
+        where the case does not apply (the general path then runs)."""
+        if not args or type(args[0]) is not TracedTensor or "observe" in self.__dict__:
+            return None
+        a = args[0]
+        p = a.primal
+        shape = p.shape
+        if (not p.is_meta or p.layout != torch.strided or not p.dtype.is_floating_point or not p.numel()
+                or p.stride() != _canonical_strides(shape)):
+            return None
+        key = [func, shape]
+        for v in args[1:]:
+            if type(v) is int:
+                key.append(v)
+            elif type(v) is list or type(v) is tuple:
+                for i in v:
+                    if type(i) is not int:
+                        return None
+                key.append((type(v), tuple(v)))
+            else:
+                return None
+        rule = lookup(func)
+        if rule is None or not rule.builtin or rule.fn is not _movement_rule():
+            return None
+        rows = _permutation_rows(tuple(key), func, args[1:])
+        if rows is None:
+            return None
+        self.ops_seen.add(func)
+        out = torch.empty_strided(shape, _canonical_strides(shape), dtype=p.dtype, device="meta")
+        s = sets_of(self, a)
+        return self.wrap(out, None if s is None else S.take_rows(s, rows))
+
+    def _stacking(self, args: tuple) -> TracedTensor | None:
+        """What :meth:`dispatch` returns for ``stack`` along dim 0 of contiguous traced meta tensors
+        of one shape and floating dtype, each depending on some input: a contiguous tensor whose
+        sets are theirs one after the other. ``None`` where the case does not apply (the general
+        path then runs)."""
+        if not args or len(args) > 2 or type(args[0]) is not list or "observe" in self.__dict__:
+            return None
+        tensors = args[0]
+        if not tensors or type(tensors[0]) is not TracedTensor:
+            return None
+        p0 = tensors[0].primal
+        shape, dtype = p0.shape, p0.dtype
+        if len(args) == 2 and (type(args[1]) is not int or args[1] not in (0, -len(shape) - 1)):
+            return None
+        if not dtype.is_floating_point or not p0.numel():
+            return None
+        rule = lookup(_STACK)
+        if rule is None or not rule.builtin or rule.fn is not _movement_rule():
+            return None
+        strides = _canonical_strides(shape)
+        parts = []
+        for t in tensors:
+            if type(t) is not TracedTensor:
+                return None
+            p = t.primal
+            if (not p.is_meta or p.layout != torch.strided or p.dtype != dtype or p.shape != shape
+                    or p.stride() != strides):
+                return None
+            s = sets_of(self, t)
+            if s is None:
+                return None
+            parts.append(s)
+        self.ops_seen.add(_STACK)
+        out_shape = (len(tensors), *shape)
+        out = torch.empty_strided(out_shape, _contiguous_strides(out_shape), dtype=dtype, device="meta")
+        return self.wrap(out, S.vstack(parts))
 
     @staticmethod
     def _alias_copy(base: TracedTensor, copy: TracedTensor) -> None:

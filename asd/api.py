@@ -148,18 +148,20 @@ def gradient_and_hessian(f: Callable, x: torch.Tensor, **options) -> tuple[torch
 def clear_cache() -> None:
     """Forget every cached prepared operator and every cached structure (prepared decompression
     plans, transposes of sparse constants, ``asd.linalg``'s sparse structures, the colorings kept by
-    pattern content and the tracer's memo of data-movement ops)."""
+    pattern content, the tracer's memos of data-movement ops and of meta outputs)."""
     from . import linalg
     from .backends.sparse_constants import clear_transposes
     from .coloring import clear_memo as clear_colorings
     from .decompression.device import clear_prepared
     from .detection.rules.movement import clear_memo as clear_movement
+    from .detection.torch_tracer import clear_memos as clear_tracer_memos
 
     CACHE.clear()
     clear_prepared()
     clear_transposes()
     clear_colorings()
     clear_movement()
+    clear_tracer_memos()
     linalg.clear_cache()
 
 

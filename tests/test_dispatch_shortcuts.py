@@ -285,3 +285,38 @@ def test_roll_rows_are_found_once_per_shape_and_shift(monkeypatch):
     g = lambda x: torch.roll(x.reshape(4, 6), 1, 0)  # noqa: E731  (another shape: other rows)
     J = torch.autograd.functional.jacobian(g, x).reshape(24, 24).numpy() != 0
     assert (jacobian_pattern(g, x).toarray() == J).all() and runs[-1] is True
+
+
+@pytest.mark.parametrize("f", [lambda x: torch.polygamma(-1, x), lambda x: torch.mvlgamma(x, -1)],
+                         ids=["polygamma", "mvlgamma"])
+def test_int_parameters_are_checked_as_pytorch_checks_them(monkeypatch, f):
+    """An int parameter's range is checked by the op's meta kernel only: the shortcut leaves such
+    ops to the general path, which raises as PyTorch does (it answered a diagonal pattern)."""
+    count = _Counting(monkeypatch)
+    x = torch.rand(2, 3, dtype=torch.float64) + 0.5
+    with pytest.raises(RuntimeError):
+        f(x)
+    with pytest.raises(RuntimeError):
+        jacobian_pattern(f, x)
+    assert count.answered["pointwise"] == 0
+
+
+def test_clear_cache_empties_the_rows_memo():
+    import asd
+
+    jacobian_pattern(lambda x: x.roll(1) * x.flip(0), torch.randn(5, dtype=torch.float64))
+    assert T._ROWS
+    asd.clear_cache()
+    assert not T._ROWS and T._ROWS_HELD[0] == 0 and not T._META_CACHE
+
+
+def test_the_rows_memo_counts_each_entry_with_its_overhead(monkeypatch):
+    """Many tiny entries (a 2-element tensor rolled by distinct shifts) are bounded by their count
+    too, not only by their elements."""
+    monkeypatch.setattr(T, "_ROWS", {})
+    monkeypatch.setattr(T, "_ROWS_HELD", [0])
+    monkeypatch.setattr(T, "_ROWS_ELEMENTS", 64)
+    x = torch.randn(2, dtype=torch.float64)
+    for k in range(200):
+        jacobian_pattern(lambda x, k=k: x.roll(k), x)
+        assert T._ROWS_HELD[0] <= 8 * 64 and len(T._ROWS) <= 8 * 64 // 18 + 1

@@ -8,6 +8,7 @@ its rule from the table (:mod:`asd.detection.table`).
 
 from __future__ import annotations
 
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -26,8 +27,9 @@ from ..errors import InputError, TracingError, UnsupportedOpError, UnsupportedOp
 from . import sets as S
 from ._core import Call, Storage, TracedTensor, bind, is_differentiable_dtype, pop_tracer, push_tracer, sets_of
 from .ad_gaps import GAPS, gaps_of
+from .rules.elementwise import div_rule, elementwise, mul_rule
 from .rules.fallback import conservative
-from .rules.movement import storage_view_rows, view_ids
+from .rules.movement import movement, storage_view_rows, view_ids
 from .table import aten_ops, lookup
 
 __all__ = ["TraceInfo", "Tracer", "trace"]
@@ -581,9 +583,9 @@ _POINTWISE: dict = {}
 
 def _pointwise_rule(func):
     """The rule function :meth:`Tracer._pointwise` may run for ``func``, or ``None``: a functional
-    pointwise op of one tensor output whose builtin rule is the plain elementwise union under
-    global tracing (``elementwise``, ``mul_rule``, ``div_rule`` without a rounding mode), with no
-    known AD gap."""
+    pointwise op of tensor and number arguments (no rounding mode, no int parameter) and one tensor
+    output, whose builtin rule is the plain elementwise union under global tracing
+    (``elementwise``, ``mul_rule``, ``div_rule``), with no known AD gap."""
     entry = _POINTWISE.get(id(func))
     if entry is None or entry[0] is not func:
         entry = _POINTWISE[id(func)] = (func, _pointwise_fn(func))  # func kept alive: its id is never reused
@@ -591,8 +593,6 @@ def _pointwise_rule(func):
 
 
 def _pointwise_fn(func):
-    from .rules.elementwise import div_rule, elementwise, mul_rule
-
     if not isinstance(func, torch._ops.OpOverload):
         return None
     rule = lookup(func)
@@ -603,9 +603,14 @@ def _pointwise_fn(func):
             or len(schema.returns) != 1 or schema.returns[0].alias_info is not None
             or str(schema.returns[0].type) != "Tensor"
             or func.overloadpacket._qualified_op_name in GAPS
-            or any(a.name == "rounding_mode" for a in schema.arguments)):
+            # a tensor or a number per argument: an int argument (polygamma's n, mvlgamma's p) has
+            # range checks that only the meta kernel makes
+            or not all(str(a.type) in _OPERAND_TYPES for a in schema.arguments)):
         return None
     return rule.fn
+
+
+_OPERAND_TYPES = frozenset({"Tensor", "number"})
 
 
 #: ops :meth:`Tracer._permuting` answers: functional moves of every element to one place, the output
@@ -613,20 +618,11 @@ def _pointwise_fn(func):
 _PERMUTING = frozenset({aten.roll.default, aten.flip.default, aten.clone.default})
 _STACK = aten.stack.default
 _ROWS: dict = {}
-#: most elements of one remembered row array; the memo is emptied once it holds 8 times as many
+#: most elements of one remembered row array; the memo is emptied before it holds 8 times as many
+#: (each entry counted with its overhead)
 _ROWS_ELEMENTS = 1 << 18
 _ROWS_HELD = [0]
-
-
-_MOVEMENT: list = []
-
-
-def _movement_rule():
-    if not _MOVEMENT:
-        from .rules.movement import movement
-
-        _MOVEMENT.append(movement)
-    return _MOVEMENT[0]
+_ROWS_LOCK = threading.Lock()
 
 
 def _permutation_rows(key: tuple, func, rest: tuple) -> np.ndarray | None:
@@ -647,13 +643,23 @@ def _permutation_rows(key: tuple, func, rest: tuple) -> np.ndarray | None:
             return None
         rows = out.reshape(-1).numpy().copy()
         rows.flags.writeable = False
+        size = 16 + n  # an entry's key, dict slot and array header are worth ~16 int64 elements
         if n <= _ROWS_ELEMENTS:
-            _ROWS_HELD[0] += n
-            if _ROWS_HELD[0] > 8 * _ROWS_ELEMENTS:
-                _ROWS.clear()
-                _ROWS_HELD[0] = n
-            _ROWS[key] = rows
+            with _ROWS_LOCK:
+                if _ROWS_HELD[0] + size > 8 * _ROWS_ELEMENTS:
+                    _ROWS.clear()
+                    _ROWS_HELD[0] = 0
+                _ROWS[key] = rows
+                _ROWS_HELD[0] += size
     return rows
+
+
+def clear_memos() -> None:
+    """Forget the rows of :func:`_permutation_rows` and the memo of meta outputs."""
+    with _ROWS_LOCK:
+        _ROWS.clear()
+        _ROWS_HELD[0] = 0
+    _META_CACHE.clear()
 
 
 # Ops answered by the tracer itself, before any rule.
@@ -1087,7 +1093,7 @@ class Tracer:
             else:
                 return None
         rule = lookup(func)
-        if rule is None or not rule.builtin or rule.fn is not _movement_rule():
+        if rule is None or not rule.builtin or rule.fn is not movement:
             return None
         rows = _permutation_rows(tuple(key), func, args[1:])
         if rows is None:
@@ -1114,7 +1120,7 @@ class Tracer:
         if not dtype.is_floating_point or not p0.numel():
             return None
         rule = lookup(_STACK)
-        if rule is None or not rule.builtin or rule.fn is not _movement_rule():
+        if rule is None or not rule.builtin or rule.fn is not movement:
             return None
         strides = _canonical_strides(shape)
         parts = []

@@ -725,6 +725,10 @@ class _SparseOperator:
     def rebind(self, f: Callable) -> "_SparseOperator":
         """This operator's pattern, coloring and plan evaluating another function object, e.g. the
         same ``lambda z: F(t, z)`` written anew: nothing is detected or colored again."""
+        with EVAL_LOCK:  # not halfway through another thread's change of strategy
+            return self._rebound(f)
+
+    def _rebound(self, f: Callable) -> "_SparseOperator":
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         new.f = f
@@ -1087,11 +1091,15 @@ class SparseHessian(_SparseOperator):
         """
         x = self._check(x)
         call_args, changed = self._call_with(args, kwargs)
+        with EVAL_LOCK:  # the strategy read here is the one evaluated: another thread's call may recolor
+            return self._value_grad_hessian(x, call_args, changed, args, kwargs)
+
+    def _value_grad_hessian(self, x, call_args, changed: bool, args, kwargs):
         one_pass = (self._settled and self.ncolors > 0 and not self._warming(x)
                     and isinstance(getattr(self.backend, "inner", self.backend), ForwardOverReverseHVP))
         if not one_pass:
             H = self.values(x, *args, **kwargs)
-            with EVAL_LOCK, self._guard.protect(args=call_args):
+            with self._guard.protect(args=call_args):
                 self._call_args = call_args
                 grad, value = _grad_and_value(self._g, _private(x))
             return value, grad.reshape(self.shape), self.decompressor.csr(H)
@@ -1100,15 +1108,14 @@ class SparseHessian(_SparseOperator):
                                               batch_size=self.batch_size, compile=self._compile)
         xf = _private(x)
         parts, value, grad = [], None, None
-        with EVAL_LOCK:
-            with self._guard.protect(args=call_args):
-                self._call_args = call_args
-                for seeds in self._with_grad.chunks():
-                    value, grad, hs = self._with_grad.run(xf, seeds)
-                    parts.append(hs.reshape(-1))
-            vals = self.decompressor.values(torch.cat(parts) if len(parts) > 1 else parts[0]).to(self.dtype)
-            if self._screen(x, vals, changed):
-                return self.value_grad_hessian(x, *args, **kwargs)
+        with self._guard.protect(args=call_args):
+            self._call_args = call_args
+            for seeds in self._with_grad.chunks():
+                value, grad, hs = self._with_grad.run(xf, seeds)
+                parts.append(hs.reshape(-1))
+        vals = self.decompressor.values(torch.cat(parts) if len(parts) > 1 else parts[0]).to(self.dtype)
+        if self._screen(x, vals, changed):
+            return self.value_grad_hessian(x, *args, **kwargs)
         if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals, call_args)
             if changed:

@@ -18,7 +18,13 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from ..coloring.result import AcyclicColoring, ColumnSeeds, StarColoring
+from ..errors import AsdError
 from .base import Backend, check_output_size, seed_block_types
+from .traced import _rng_state, _same_rng_state, _set_rng_state
+
+_MIXED_DRAWS = ("asd: f draws random numbers, and another thread drew from the same generator while f was "
+                "evaluated once per seed: the products saw different draws. Share a lock between the threads "
+                "around the calls, or draw in f from a torch.Generator of its own")
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,15 +103,27 @@ class AutogradLoop(Backend):
 
     @staticmethod
     def _jvps(g, x, S, m) -> torch.Tensor:
-        rng = torch.random.get_rng_state()
+        """One forward-mode evaluation of ``g`` per seed. Where ``g`` draws random numbers, every
+        evaluation draws the same ones (the generators are set back before each); where it draws
+        none, they are never set back (another thread drawing meanwhile would draw numbers again).
+        Evaluations that leave the generators in different states saw different draws: another
+        thread drew from them meanwhile, and the products would mix draws (:class:`AsdError`)."""
+        rng = _rng_state(x)
+        drew = after = None
         out = []
         for s in S:
-            torch.random.set_rng_state(rng)
+            if drew:
+                _set_rng_state(x, rng)
             with fwAD.dual_level():
                 y = g(fwAD.make_dual(x, s))
                 tangent = fwAD.unpack_dual(y).tangent
             check_output_size(y.numel(), m)
             out.append(torch.zeros(m, dtype=y.dtype, device=x.device) if tangent is None else tangent.reshape(-1))
+            if drew is None:
+                after = _rng_state(x)
+                drew = not _same_rng_state(after, rng)
+            elif drew and not _same_rng_state(_rng_state(x), after):
+                raise AsdError(_MIXED_DRAWS)
         return torch.stack(out)
 
     @staticmethod

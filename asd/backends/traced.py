@@ -155,7 +155,15 @@ def _rng_state(x: torch.Tensor) -> tuple:
     return torch.get_rng_state(), cuda
 
 
+def _same_rng_state(a: tuple, b: tuple) -> bool:
+    return torch.equal(a[0], b[0]) and (a[1] is None) == (b[1] is None) and (a[1] is None or torch.equal(a[1], b[1]))
+
+
 def _set_rng_state(x: torch.Tensor, state: tuple) -> None:
+    """Set the generators back to ``state``, unless nothing drew from them since: the generators
+    are the process's, and a thread that drew meanwhile would draw the same numbers again."""
+    if _same_rng_state(_rng_state(x), state):
+        return
     cpu, cuda = state
     torch.set_rng_state(cpu)
     if cuda is not None:
@@ -179,6 +187,26 @@ def _records_grad(compiled) -> bool:
     if watched is None:
         watched = [t for t in getattr(compiled, "extras", ()) if isinstance(t, torch.Tensor)]
     return any(t.requires_grad for t in watched)
+
+
+def _agrees(graph, fn: Callable, x: torch.Tensor, seeds: torch.Tensor, rng: tuple):
+    """``graph``'s products at ``(x, seeds)`` where they are bit for bit those of ``fn`` (the
+    transforms), both drawing from the random state ``rng``; else ``None`` (also where either
+    raises: the transforms then evaluate the call, and raise ``f``'s own error)."""
+    from .replay import _same
+
+    try:
+        _set_rng_state(x, rng)
+        want = fn(x, seeds)
+        _set_rng_state(x, rng)
+        got = graph(x, seeds)
+    except Exception:  # noqa: BLE001 - see above
+        return None
+    wants, gots = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    if (isinstance(gots, tuple) and len(gots) == len(wants)
+            and all(_same(g.detach(), w.detach()) for g, w in zip(gots, wants))):
+        return got
+    return None
 
 
 def _layouts_hold(graph) -> bool:
@@ -249,6 +277,8 @@ class Tracing:
         self.failed_later = False
         #: recordings that raised before their graph was complete (at two, the products are not recorded)
         self.record_failures = 0
+        #: keys of the eagerly replayed graphs not yet compared with the transforms at a later call
+        self.unverified: set = set()
 
     def _record(self, make_fx, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products' graph: a compiled operator records it without ``make_fx`` (which imports
@@ -327,6 +357,8 @@ class Tracing:
             try:
                 graph = self._record(make_fx, fn, x, seeds)
                 recorded = True  # a failure from here on is asd's or the compiler's, not f's
+                if _agrees(graph, fn, x, seeds, rng) is None:
+                    return self._disagreed(x, rng)
                 graph = simplify(graph)
                 if self.compile:
                     from .compile_cache import compile_products
@@ -364,9 +396,22 @@ class Tracing:
 
                     STATS.graph_seconds += time.perf_counter() - started
             self.graphs[key] = graph
+            if not self.compile:
+                self.unverified.add(key)
             return out
         if self.compile and _records_grad(graph):
             return None
+        if key in self.unverified:
+            # the first replay of a recorded graph: bit for bit the transforms' products, or what f
+            # read when it was recorded was not what f reads now (another thread changed a value and
+            # back meanwhile, which the stamps, taken before, cannot tell)
+            self.unverified.discard(key)
+            rng = _rng_state(x)
+            out = _agrees(graph, fn, x, seeds, rng)
+            if out is None:
+                self.graphs.pop(key, None)
+                return self._disagreed(x, rng)
+            return out
         if (self.cuda_graphs and x.device.type == "cuda" and self.cuda_graph_error is None
                 and not getattr(graph, "captured", False)):
             graph = self.graphs[key] = self._graphed(graph, x, seeds)  # compiled at a call that needed grad
@@ -380,6 +425,16 @@ class Tracing:
         except Exception:  # noqa: BLE001 - a recorded view of a tensor whose strides changed (W.t_())
             self._relayout(key)  # this call through the transforms; recorded again at the next
             return None
+
+    def _disagreed(self, x: torch.Tensor, rng: tuple) -> None:
+        """A recorded graph that gave other products than the transforms: none is kept (past
+        :data:`MAX_MISSES` such graphs the products are no longer recorded); this call is
+        evaluated by the transforms, with the random draws it started from."""
+        self.misses += 1
+        if self.misses >= MAX_MISSES:
+            self.disabled = True
+        _set_rng_state(x, rng)
+        return None
 
     def _compiled_failed(self, exc: Exception) -> None:
         """A compiled graph raised at a call after its compilation: this call and every later one

@@ -12,10 +12,12 @@ reads that require grad (its parameters), where gradients are recorded.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.autograd.forward_ad as fwAD
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..coloring.result import AcyclicColoring, ColumnSeeds, StarColoring
 from ..errors import AsdError
@@ -24,7 +26,32 @@ from .traced import _rng_state, _same_rng_state, _set_rng_state
 
 _MIXED_DRAWS = ("asd: f draws random numbers, and another thread drew from the same generator while f was "
                 "evaluated once per seed: the products saw different draws. Share a lock between the threads "
-                "around the calls, or draw in f from a torch.Generator of its own")
+                "around the calls")
+_OWN_GENERATOR = ("asd: f draws random numbers from a torch.Generator of its own, which asd cannot set back: "
+                  "evaluated once per seed (the forward-mode autograd loop), each product would see other draws. "
+                  "Draw from the default generator, or use mode='reverse'")
+
+
+class _SeededOps(TorchDispatchMode):
+    """Notes whether the ops run under it draw random numbers, and whether from a generator passed
+    to them (one the caller cannot set back)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __init__(self):
+        super().__init__()
+        self.draws = False
+        self.own_generator = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.draws = True
+            if kwargs.get("generator") is not None or any(isinstance(a, torch.Generator) for a in args):
+                self.own_generator = True
+        return func(*args, **kwargs)
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,26 +130,29 @@ class AutogradLoop(Backend):
 
     @staticmethod
     def _jvps(g, x, S, m) -> torch.Tensor:
-        """One forward-mode evaluation of ``g`` per seed. Where ``g`` draws random numbers, every
-        evaluation draws the same ones (the generators are set back before each); where it draws
-        none, they are never set back (another thread drawing meanwhile would draw numbers again).
-        Evaluations that leave the generators in different states saw different draws: another
-        thread drew from them meanwhile, and the products would mix draws (:class:`AsdError`)."""
+        """One forward-mode evaluation of ``g`` per seed. Where ``g`` draws random numbers (an op
+        tagged ``nondeterministic_seeded`` at the first evaluation), every evaluation draws the same
+        ones: the process's generators are set back before each. Where it draws none they are left
+        alone (another thread drawing meanwhile would draw its numbers again). :class:`AsdError`
+        where the draws cannot be repeated (a generator of ``g``'s own) or were not (evaluations
+        that leave the generators in different states: another thread drew meanwhile)."""
         rng = _rng_state(x)
-        drew = after = None
+        draws = after = None
         out = []
         for s in S:
-            if drew:
+            if draws:
                 _set_rng_state(x, rng)
-            with fwAD.dual_level():
+            with fwAD.dual_level(), (_SeededOps() if draws is None else contextlib.nullcontext()) as seen:
                 y = g(fwAD.make_dual(x, s))
                 tangent = fwAD.unpack_dual(y).tangent
             check_output_size(y.numel(), m)
             out.append(torch.zeros(m, dtype=y.dtype, device=x.device) if tangent is None else tangent.reshape(-1))
-            if drew is None:
+            if draws is None:
+                draws = seen.draws
+                if seen.own_generator:
+                    raise AsdError(_OWN_GENERATOR)
                 after = _rng_state(x)
-                drew = not _same_rng_state(after, rng)
-            elif drew and not _same_rng_state(_rng_state(x), after):
+            elif draws and not _same_rng_state(_rng_state(x), after):
                 raise AsdError(_MIXED_DRAWS)
         return torch.stack(out)
 

@@ -160,8 +160,9 @@ def _same_rng_state(a: tuple, b: tuple) -> bool:
 
 
 def _set_rng_state(x: torch.Tensor, state: tuple) -> None:
-    """Set the generators back to ``state``, unless nothing drew from them since: the generators
-    are the process's, and a thread that drew meanwhile would draw the same numbers again."""
+    """Set the generators back to ``state`` (not where it is their state still). The generators
+    are the process's: a thread that drew since draws the same numbers again, so callers set them
+    back only where ``f`` draws, or on the rare paths (a retry, a recording) that must."""
     if _same_rng_state(_rng_state(x), state):
         return
     cpu, cuda = state
@@ -189,24 +190,40 @@ def _records_grad(compiled) -> bool:
     return any(t.requires_grad for t in watched)
 
 
-def _agrees(graph, fn: Callable, x: torch.Tensor, seeds: torch.Tensor, rng: tuple):
-    """``graph``'s products at ``(x, seeds)`` where they are bit for bit those of ``fn`` (the
-    transforms), both drawing from the random state ``rng``; else ``None`` (also where either
-    raises: the transforms then evaluate the call, and raise ``f``'s own error)."""
+def _same_products(got, want) -> bool:
+    """Whether the products ``got`` are bit for bit ``want`` (tensors or tuples of them)."""
     from .replay import _same
 
+    wants, gots = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    return (isinstance(gots, tuple) and len(gots) == len(wants)
+            and all(_same(g.detach(), w.detach()) for g, w in zip(gots, wants)))
+
+
+def _draws(graph) -> bool:
+    """Whether a recorded graph draws random numbers (an op tagged ``nondeterministic_seeded``;
+    anything but a graph module is taken to draw)."""
+    if not isinstance(graph, torch.fx.GraphModule):
+        return True
+    seeded = torch.Tag.nondeterministic_seeded
+    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and seeded in n.target.tags
+               for n in graph.graph.nodes)
+
+
+def _agrees(graph, fn: Callable, x: torch.Tensor, seeds: torch.Tensor, rng: tuple | None):
+    """``graph``'s products at ``(x, seeds)`` where they are bit for bit those of ``fn`` (the
+    transforms), both drawing from the random state ``rng`` (``None``: the products draw nothing,
+    and the generators, which are the process's, are left alone); else ``None``, also where either
+    raises (the transforms then evaluate the call, and raise ``f``'s own error)."""
     try:
-        _set_rng_state(x, rng)
+        if rng is not None:
+            _set_rng_state(x, rng)
         want = fn(x, seeds)
-        _set_rng_state(x, rng)
+        if rng is not None:
+            _set_rng_state(x, rng)
         got = graph(x, seeds)
     except Exception:  # noqa: BLE001 - see above
         return None
-    wants, gots = (want, got) if isinstance(want, tuple) else ((want,), (got,))
-    if (isinstance(gots, tuple) and len(gots) == len(wants)
-            and all(_same(g.detach(), w.detach()) for g, w in zip(gots, wants))):
-        return got
-    return None
+    return got if _same_products(got, want) else None
 
 
 def _layouts_hold(graph) -> bool:
@@ -279,6 +296,8 @@ class Tracing:
         self.record_failures = 0
         #: keys of the eagerly replayed graphs not yet compared with the transforms at a later call
         self.unverified: set = set()
+        #: whether the latest recorded graph draws random numbers
+        self.draws = True
 
     def _record(self, make_fx, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products' graph: a compiled operator records it without ``make_fx`` (which imports
@@ -357,8 +376,10 @@ class Tracing:
             try:
                 graph = self._record(make_fx, fn, x, seeds)
                 recorded = True  # a failure from here on is asd's or the compiler's, not f's
-                if _agrees(graph, fn, x, seeds, rng) is None:
-                    return self._disagreed(x, rng)
+                self.draws = _draws(graph)
+                # the compiled products are never compared bit for bit again: the recording is, here
+                if self.compile and _agrees(graph, fn, x, seeds, rng if self.draws else None) is None:
+                    return self._disagreed(x, rng if self.draws else None)
                 graph = simplify(graph)
                 if self.compile:
                     from .compile_cache import compile_products
@@ -367,14 +388,16 @@ class Tracing:
                                                              owned=self.owned)
                     if _records_grad(graph):  # this call's products go through the transforms
                         self.graphs[key] = graph
-                        _set_rng_state(x, rng)
+                        if self.draws:
+                            _set_rng_state(x, rng)
                         return None
                     graph = self._graphed(graph, x, seeds)
                 else:
                     graph = self.replay = eager_replay(graph, x, seeds, constant_seeds=self.constant_seeds,
                                                        owned=self.owned)
                 # the draws of f's random ops at this call: those an evaluation without recording makes
-                _set_rng_state(x, rng)
+                if self.draws:
+                    _set_rng_state(x, rng)
                 out = graph(x, seeds)
             except Exception as exc:  # noqa: BLE001 - not traceable: keep the transforms
                 _set_rng_state(x, rng)  # the transforms evaluate this call: the draws of an unrecorded one
@@ -406,7 +429,7 @@ class Tracing:
             # read when it was recorded was not what f reads now (another thread changed a value and
             # back meanwhile, which the stamps, taken before, cannot tell)
             self.unverified.discard(key)
-            rng = _rng_state(x)
+            rng = _rng_state(x) if self.draws else None
             out = _agrees(graph, fn, x, seeds, rng)
             if out is None:
                 self.graphs.pop(key, None)
@@ -426,14 +449,17 @@ class Tracing:
             self._relayout(key)  # this call through the transforms; recorded again at the next
             return None
 
-    def _disagreed(self, x: torch.Tensor, rng: tuple) -> None:
+    def _disagreed(self, x: torch.Tensor, rng: tuple | None) -> None:
         """A recorded graph that gave other products than the transforms: none is kept (past
         :data:`MAX_MISSES` such graphs the products are no longer recorded); this call is
-        evaluated by the transforms, with the random draws it started from."""
+        evaluated by the transforms, with the random draws it started from (``rng``, where the
+        products draw)."""
         self.misses += 1
+        self.error = "the recorded graph's products differ from the transforms' (or raised where they did not)"
         if self.misses >= MAX_MISSES:
             self.disabled = True
-        _set_rng_state(x, rng)
+        if rng is not None:
+            _set_rng_state(x, rng)
         return None
 
     def _compiled_failed(self, exc: Exception) -> None:

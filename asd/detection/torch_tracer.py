@@ -655,11 +655,12 @@ def _permutation_rows(key: tuple, func, rest: tuple) -> np.ndarray | None:
 
 
 def clear_memos() -> None:
-    """Forget the rows of :func:`_permutation_rows` and the memo of meta outputs."""
+    """Forget the rows of :func:`_permutation_rows`, the memo of meta outputs and of strides."""
     with _ROWS_LOCK:
         _ROWS.clear()
         _ROWS_HELD[0] = 0
     _META_CACHE.clear()
+    _STRIDES.clear()
 
 
 # Ops answered by the tracer itself, before any rule.
@@ -1136,8 +1137,8 @@ class Tracer:
                 return None
             parts.append(s)
         self.ops_seen.add(_STACK)
-        out_shape = (len(tensors), *shape)
-        out = torch.empty_strided(out_shape, _contiguous_strides(out_shape), dtype=dtype, device="meta")
+        out_shape = torch.Size((len(tensors), *shape))
+        out = torch.empty_strided(out_shape, _canonical_strides(out_shape), dtype=dtype, device="meta")
         return self.wrap(out, S.vstack(parts))
 
     @staticmethod

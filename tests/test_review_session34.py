@@ -3,6 +3,7 @@ without its fix."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 
@@ -254,15 +255,10 @@ def test_a_compiled_operator_does_not_keep_a_graph_recorded_with_a_transient_val
         assert torch.allclose(op(x).to_dense(), torch.autograd.functional.jacobian(_scaled, x), rtol=0, atol=1e-14)
 
 
-def test_a_thread_drawing_beside_the_autograd_loop_of_a_function_without_draws(monkeypatch):
-    """Whether f draws is read off its ops, not off the generator's state, which another thread's
-    draws move too: the loop raised "f draws random numbers" in 180 of 200 calls of a function that
-    draws none, and set the generator back (its numbers repeated in the other thread)."""
-    from asd.backends.autograd_loop import AutogradLoop
-
-    x = torch.rand(N, dtype=torch.float64)
-    f = lambda z: torch.sin(z[1:]) * z[:-1]  # noqa: E731
-    op = asd.prepare_jacobian(f, x, mode="forward", backend=AutogradLoop())
+@contextlib.contextmanager
+def _drawing_thread(monkeypatch):
+    """Another thread drawing from the default generator throughout the block; yields the list
+    that counts this thread's calls of ``torch.set_rng_state``."""
     main = threading.current_thread()
     sets = []
     real = torch.set_rng_state
@@ -277,11 +273,24 @@ def test_a_thread_drawing_beside_the_autograd_loop_of_a_function_without_draws(m
     t = threading.Thread(target=draw)
     t.start()
     try:
-        for _ in range(50):
-            J = op(x).to_dense()
+        yield sets
     finally:
         stop.set()
         t.join()
+
+
+def test_a_thread_drawing_beside_the_autograd_loop_of_a_function_without_draws(monkeypatch):
+    """Whether f draws is read off its ops, not off the generator's state, which another thread's
+    draws move too: the loop raised "f draws random numbers" in 180 of 200 calls of a function that
+    draws none, and set the generator back (its numbers repeated in the other thread)."""
+    from asd.backends.autograd_loop import AutogradLoop
+
+    x = torch.rand(N, dtype=torch.float64)
+    f = lambda z: torch.sin(z[1:]) * z[:-1]  # noqa: E731
+    op = asd.prepare_jacobian(f, x, mode="forward", backend=AutogradLoop())
+    with _drawing_thread(monkeypatch) as sets:
+        for _ in range(50):
+            J = op(x).to_dense()
     assert not sets
     assert torch.allclose(J, torch.autograd.functional.jacobian(f, x))
 
@@ -312,25 +321,9 @@ def test_recording_a_function_without_draws_leaves_the_generator_alone(monkeypat
     x = torch.rand(N, dtype=torch.float64)
     f = lambda z: torch.sin(z[1:]) * z[:-1]  # noqa: E731
     op = asd.prepare_jacobian(f, x)
-    main = threading.current_thread()
-    sets = []
-    real = torch.set_rng_state
-    monkeypatch.setattr(torch, "set_rng_state",
-                        lambda s: (sets.append(1) if threading.current_thread() is main else None) or real(s))
-    stop = threading.Event()
-
-    def draw():
-        while not stop.is_set():
-            torch.rand(1)
-
-    t = threading.Thread(target=draw)
-    t.start()
-    try:
+    with _drawing_thread(monkeypatch) as sets:
         for _ in range(60):  # recorded at one of these calls, then replayed
             J = op(x).to_dense()
-    finally:
-        stop.set()
-        t.join()
     from asd.operators import _tracing_of
 
     assert _tracing_of(op.state).graphs

@@ -1069,8 +1069,8 @@ class Tracer:
         return self.wrap(out, out_sets[0])
 
     def _permuting(self, func, args: tuple) -> TracedTensor | None:
-        """What :meth:`dispatch` returns for ``roll`` / ``flip`` of a contiguous traced meta tensor
-        with Python int arguments under global tracing: a contiguous tensor of the input's shape
+        """What :meth:`dispatch` returns for ``roll`` / ``flip`` / ``clone`` of a contiguous traced
+        meta tensor with Python int arguments under global tracing: a contiguous tensor of its shape
         whose sets are the input's rows in the order the op moves the elements (found once per
         shape and arguments by running the op on element ids, as the movement rule does). ``None``
         where the case does not apply (the general path then runs)."""

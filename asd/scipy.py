@@ -40,17 +40,21 @@ def csr(op, values: torch.Tensor) -> sp.csr_array:
 
 def numpy_arguments(device="cpu") -> Callable:
     """A converter of SciPy's extra arguments to what a PyTorch ``f`` takes: a numpy array as a
-    tensor on ``device`` (the same tensor for the same array at every call, sharing its memory on
-    the CPU: an operator then sees the same arguments, not new ones to check), a numpy float as a
-    float, anything else as it is."""
+    tensor on ``device``, a numpy float as a float, anything else as it is. A tensor that shares the
+    array's memory (on the CPU) is the same tensor for the same array at every call: an operator then
+    sees the same arguments, not new ones to check, and an in-place change of the array reaches it.
+    A copy (another device) is made anew at each call, so that it never holds old values."""
     seen: dict = {}
 
     def convert(a):
         if isinstance(a, np.ndarray):
             hit = seen.get(id(a))
-            if hit is None or hit[0] is not a:  # (the array is kept: its id is not reused meanwhile)
-                hit = seen[id(a)] = (a, torch.as_tensor(a, device=device))
-            return hit[1]
+            if hit is not None and hit[0] is a:  # (the array is kept: its id is not reused meanwhile)
+                return hit[1]
+            t = torch.as_tensor(a, device=device)
+            if t.device.type == "cpu" and np.may_share_memory(a, t.numpy()):
+                seen[id(a)] = (a, t)
+            return t
         return float(a) if isinstance(a, np.floating) else a
     return convert
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from asd.detection import jacobian_pattern, register_rule
 from asd.detection import torch_tracer as T
+from asd.detection.rules import movement as M
 from asd.detection.table import RULES
 from asd.detection.torch_tracer import TracedTensor, Tracer
 
@@ -272,11 +273,11 @@ def test_roll_rows_are_found_once_per_shape_and_shift(monkeypatch):
 
     def counting(key, func, rest):
         if func is aten.roll.default:
-            runs.append(key not in T._ROWS)
+            runs.append(M.remembered(("permuting", *key)) is None)
         return real(key, func, rest)
 
     monkeypatch.setattr(T, "_permutation_rows", counting)
-    monkeypatch.setattr(T, "_ROWS", {})
+    M.clear_memo()
     x = torch.rand(24, dtype=torch.float64)
     f = lambda x: torch.roll(x.reshape(6, 4), 1, 0) + torch.roll(x.reshape(6, 4), -2, 1)  # noqa: E731
     first = jacobian_pattern(f, x).toarray()
@@ -305,18 +306,20 @@ def test_clear_cache_empties_the_rows_memo():
     import asd
 
     jacobian_pattern(lambda x: x.roll(1) * x.flip(0), torch.randn(5, dtype=torch.float64))
-    assert T._ROWS
+    assert any(key[0] == "permuting" for key in M._MEMO)
     asd.clear_cache()
-    assert not T._ROWS and T._ROWS_HELD[0] == 0 and not T._META_CACHE
+    assert not M._MEMO and M._MEMO_SIZE[0] == 0 and not T._META_CACHE
 
 
 def test_the_rows_memo_counts_each_entry_with_its_overhead(monkeypatch):
-    """Many tiny entries (a 2-element tensor rolled by distinct shifts) are bounded by their count
-    too, not only by their elements."""
-    monkeypatch.setattr(T, "_ROWS", {})
-    monkeypatch.setattr(T, "_ROWS_HELD", [0])
-    monkeypatch.setattr(T, "_ROWS_ELEMENTS", 64)
+    """The rows are kept in the movement rule's memo, within its bounds: many tiny entries (a
+    2-element tensor rolled by distinct shifts) are bounded by their count too, not only by their
+    elements."""
+    M.clear_memo()
+    monkeypatch.setattr(M, "MEMO_TOTAL_ELEMENTS", 8 * 64)
     x = torch.randn(2, dtype=torch.float64)
     for k in range(200):
         jacobian_pattern(lambda x, k=k: x.roll(k), x)
-        assert T._ROWS_HELD[0] <= 8 * 64 and len(T._ROWS) <= 8 * 64 // 18 + 1
+        assert M._MEMO_SIZE[0] <= 8 * 64 and len(M._MEMO) <= 8 * 64 // 34 + 1
+    rows = [r for v in M._MEMO.values() for r in v if r is not None]
+    assert rows and not any(r.flags.writeable for r in rows)

@@ -329,3 +329,20 @@ def test_recording_a_function_without_draws_leaves_the_generator_alone(monkeypat
     assert _tracing_of(op.state).graphs
     assert not sets
     assert torch.allclose(J, torch.autograd.functional.jacobian(f, x))
+
+
+def test_numpy_arguments_reuse_only_a_tensor_that_shares_the_arrays_memory():
+    """The converter of SciPy's extra arguments kept the tensor made for an array by the array's
+    identity: a copy on another device held the array's old values after an in-place change."""
+    import numpy as np
+
+    from asd.scipy import numpy_arguments
+
+    a = np.arange(4.0)
+    cpu = numpy_arguments("cpu")
+    t = cpu(a)
+    assert cpu(a) is t  # the same arguments at every call
+    a[0] = 7.0
+    assert float(cpu(a)[0]) == 7.0
+    copying = numpy_arguments("meta")  # a device the array's memory is not on (as a GPU's)
+    assert copying(a) is not copying(a)

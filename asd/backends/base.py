@@ -204,12 +204,11 @@ class BatchedProducts:
         """The first result of torch.compile's products, checked against the uncompiled ones (its
         kernels share Inductor's blind spots, such as a tensor's lazy negation bit): where they
         differ, the uncompiled products from now on, with a warning."""
-        from .compile_cache import _close
+        from .compile_cache import _close, parts_agree
 
         want = self._call(self._eager, x, seeds)
-        outs, wants = (out, want) if isinstance(out, tuple) else ((out,), (want,))
         self._compile_checked = True  # (only once both ran: a failure above leaves the next call checked)
-        if len(outs) == len(wants) and all(_close(o.detach(), w.detach()) for o, w in zip(outs, wants)):
+        if parts_agree(out, want, _close):
             return out
         self.compile_failed = "its products differ from the uncompiled ones"
         self._compiled = None

@@ -222,6 +222,14 @@ def _close(a, b) -> bool:
     return bool(torch.isclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True).all())
 
 
+def parts_agree(got, want, same: Callable) -> bool:
+    """Whether ``same(g, w)`` holds for every part of the products ``got`` and ``want`` (a tensor, or
+    a tuple of them such as ``value_grad_hvp``'s), compared detached."""
+    gots, wants = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+    return (isinstance(gots, tuple) and len(gots) == len(wants)
+            and all(same(g.detach(), w.detach()) for g, w in zip(gots, wants)))
+
+
 def _first(out):
     return out[0] if isinstance(out, (list, tuple)) and len(out) == 1 else out
 

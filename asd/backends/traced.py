@@ -190,15 +190,6 @@ def _records_grad(compiled) -> bool:
     return any(t.requires_grad for t in watched)
 
 
-def _same_products(got, want) -> bool:
-    """Whether the products ``got`` are bit for bit ``want`` (tensors or tuples of them)."""
-    from .replay import _same
-
-    wants, gots = (want, got) if isinstance(want, tuple) else ((want,), (got,))
-    return (isinstance(gots, tuple) and len(gots) == len(wants)
-            and all(_same(g.detach(), w.detach()) for g, w in zip(gots, wants)))
-
-
 def _draws(graph) -> bool:
     """Whether a recorded graph draws random numbers (an op tagged ``nondeterministic_seeded``;
     anything but a graph module is taken to draw)."""
@@ -223,7 +214,10 @@ def _agrees(graph, fn: Callable, x: torch.Tensor, seeds: torch.Tensor, rng: tupl
         got = graph(x, seeds)
     except Exception:  # noqa: BLE001 - see above
         return None
-    return got if _same_products(got, want) else None
+    from .compile_cache import parts_agree
+    from .replay import _same
+
+    return got if parts_agree(got, want, _same) else None
 
 
 def _layouts_hold(graph) -> bool:

@@ -8,7 +8,6 @@ its rule from the table (:mod:`asd.detection.table`).
 
 from __future__ import annotations
 
-import threading
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from ._core import Call, Storage, TracedTensor, bind, is_differentiable_dtype, p
 from .ad_gaps import GAPS, gaps_of
 from .rules.elementwise import div_rule, elementwise, mul_rule
 from .rules.fallback import conservative
+from .rules import movement as movement_memo
 from .rules.movement import movement, storage_view_rows, view_ids
 from .table import aten_ops, lookup
 
@@ -617,48 +617,34 @@ _OPERAND_TYPES = frozenset({"Tensor", "number"})
 #: of the input's shape (``clone`` without a memory format: the identity)
 _PERMUTING = frozenset({aten.roll.default, aten.flip.default, aten.clone.default})
 _STACK = aten.stack.default
-_ROWS: dict = {}
-#: most elements of one remembered row array; the memo is emptied before it holds 8 times as many
-#: (each entry counted with its overhead)
-_ROWS_ELEMENTS = 1 << 18
-_ROWS_HELD = [0]
-_ROWS_LOCK = threading.Lock()
 
 
 def _permutation_rows(key: tuple, func, rest: tuple) -> np.ndarray | None:
     """Row ``i`` of the output of ``func(x, *rest)`` copies element ``rows[i]`` of ``x`` (row-major),
-    for ``x`` of shape ``key[1]``: the op run once on element ids (``None`` if it raises there)."""
-    rows = _ROWS.get(key)
-    if rows is None:
-        shape = tuple(key[1])
-        n = 1
-        for d in shape:
-            n *= d
-        try:
-            with no_dispatch():
-                out = func(torch.arange(n, dtype=torch.int64).reshape(shape), *rest)
-        except (RuntimeError, TypeError, ValueError, IndexError):
-            return None
-        if tuple(out.shape) != shape:
-            return None
-        rows = out.reshape(-1).numpy().copy()
-        rows.flags.writeable = False
-        size = 16 + n  # an entry's key, dict slot and array header are worth ~16 int64 elements
-        if n <= _ROWS_ELEMENTS:
-            with _ROWS_LOCK:
-                if _ROWS_HELD[0] + size > 8 * _ROWS_ELEMENTS:
-                    _ROWS.clear()
-                    _ROWS_HELD[0] = 0
-                _ROWS[key] = rows
-                _ROWS_HELD[0] += size
+    for ``x`` of shape ``key[1]``: the op run once on element ids (``None`` if it raises there), kept
+    in the movement rule's memo."""
+    key = ("permuting", *key)
+    hit = movement_memo.remembered(key)
+    if hit is not None:
+        return hit[0]
+    shape = tuple(key[2])
+    n = 1
+    for d in shape:
+        n *= d
+    try:
+        with no_dispatch():
+            out = func(torch.arange(n, dtype=torch.int64).reshape(shape), *rest)
+    except (RuntimeError, TypeError, ValueError, IndexError):
+        return None
+    if tuple(out.shape) != shape:
+        return None
+    rows = out.reshape(-1).numpy().copy()
+    movement_memo.remember(key, [rows])
     return rows
 
 
 def clear_memos() -> None:
-    """Forget the rows of :func:`_permutation_rows`, the memo of meta outputs and of strides."""
-    with _ROWS_LOCK:
-        _ROWS.clear()
-        _ROWS_HELD[0] = 0
+    """Forget the memos of meta outputs and of strides."""
     _META_CACHE.clear()
     _STRIDES.clear()
 
@@ -906,7 +892,7 @@ class Tracer:
 
     # -- dispatch -----------------------------------------------------------------------------
     def dispatch(self, func, args, kwargs):
-        if not kwargs and self._lazy and not self.local:
+        if not kwargs and self._lazy and not self.local and "observe" not in self.__dict__:
             fn = _pointwise_rule(func)
             if fn is not None:
                 out = self._pointwise(func, args, fn)
@@ -1036,7 +1022,7 @@ class Tracer:
         output is then a contiguous tensor of that shape and dtype, and the op's own rule gives its
         sets; the general path would compute the same through the meta kernel's memo. ``None``
         where the case does not apply (the general path then runs)."""
-        if not 0 < len(args) <= 2 or "observe" in self.__dict__:
+        if not 0 < len(args) <= 2:
             return None
         shape = dtype = None
         pargs = []
@@ -1074,7 +1060,7 @@ class Tracer:
         whose sets are the input's rows in the order the op moves the elements (found once per
         shape and arguments by running the op on element ids, as the movement rule does). ``None``
         where the case does not apply (the general path then runs)."""
-        if not args or type(args[0]) is not TracedTensor or "observe" in self.__dict__:
+        if not args or type(args[0]) is not TracedTensor:
             return None
         a = args[0]
         p = a.primal
@@ -1109,7 +1095,7 @@ class Tracer:
         of one shape and floating dtype, each depending on some input: a contiguous tensor whose
         sets are theirs one after the other. ``None`` where the case does not apply (the general
         path then runs)."""
-        if not args or len(args) > 2 or type(args[0]) is not list or "observe" in self.__dict__:
+        if not args or len(args) > 2 or type(args[0]) is not list:
             return None
         tensors = args[0]
         if not tensors or type(tensors[0]) is not TracedTensor:

@@ -170,7 +170,14 @@ def _memo_key(call: Call):
         return None
 
 
-def _remember(key, rows: list) -> None:
+def remembered(key) -> list | None:
+    """The rows kept under ``key`` (:func:`remember`), or ``None``."""
+    return _MEMO.get(key)
+
+
+def remember(key, rows: list) -> None:
+    """Keep ``rows`` (a list of row arrays, made read-only) under ``key``, within the memo's bounds;
+    the tracer's shortcut for ``roll``/``flip``/``clone`` keeps its rows here too."""
     # every entry and every array counts (an array's header is worth ~16 int64 elements)
     size = 16 + sum(16 + (r.size if r is not None else 0) for r in rows)
     if size > MEMO_MAX_ELEMENTS:
@@ -228,7 +235,7 @@ def run_on_ids(call: Call, subst: dict | None = None):
             continue
         rows = _id_rows(call, out, stacked)
         if key is not None:
-            _remember(key, rows)
+            remember(key, rows)
         return [None if r is None else S.take_rows(stacked, r) for r in rows]
     return None
 
@@ -389,7 +396,7 @@ def view_ids(call: Call, base: TracedTensor) -> list[np.ndarray] | None:
     # the ids are copied out of ``ids_in`` (a view op returns views of it)
     ids = [np.array(t.reshape(-1).to(torch.int64).numpy()) for t in flat if isinstance(t, torch.Tensor)]
     if key is not None:
-        _remember(key, ids)
+        remember(key, ids)
     return ids
 
 

@@ -344,3 +344,70 @@ def test_as_strided_reading_outside_its_cuda_input_is_refused():
     x = torch.rand(8, dtype=F64, device=CUDA)
     with pytest.raises(asd.ADGapError):
         asd.sparse_jacobian(f, x)
+
+
+def _drawing(n):
+    """A function whose Jacobian depends on the CUDA generator's draws."""
+    def f(x):
+        return x * x * torch.rand(n, dtype=F64, device=x.device) + torch.roll(x, 1)
+
+    return f
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_cuda_draws_are_those_of_an_unrecorded_call(mode):
+    """Over the calls before, at and after the recording of the products, every call's Jacobian
+    is that of one evaluation of ``f`` from the CUDA generator's state at the call, and leaves the
+    generator where that evaluation leaves it."""
+    from asd.backends import traced
+
+    n = 10
+    f = _drawing(n)
+    x = torch.rand(n, dtype=F64, device=CUDA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # forward mode may fall back to reverse with a warning
+        op = asd.prepare_jacobian(f, x, mode=mode)
+        for i in range(traced.CALLS_BEFORE_TRACING + 10):
+            torch.manual_seed(i)
+            got = op(x).to_dense()
+            after = torch.cuda.get_rng_state()
+            torch.manual_seed(i)
+            want = torch.func.jacrev(f)(x)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=f"call {i}")
+            assert torch.equal(torch.cuda.get_rng_state(), after), f"call {i}"
+
+
+def test_cuda_draws_in_the_autograd_loop():
+    """The forward-mode loop evaluates ``f`` once per seed: each evaluation draws the same CUDA
+    numbers, and the call leaves the generator where one evaluation does."""
+    from asd.backends.autograd_loop import AutogradLoop
+
+    n = 12
+    f = _drawing(n)
+    x = torch.rand(n, dtype=F64, device=CUDA)
+    op = asd.prepare_jacobian(f, x, mode="forward", backend=AutogradLoop())
+    for i in range(3):
+        torch.manual_seed(i)
+        got = op(x).to_dense()
+        after = torch.cuda.get_rng_state()
+        torch.manual_seed(i)
+        want = torch.func.jacrev(f)(x)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        assert torch.equal(torch.cuda.get_rng_state(), after)
+
+
+@pytest.mark.parametrize("compile", [True, "reduce-overhead"])
+def test_cuda_draws_of_a_compiled_operator(compile):
+    """Inductor's kernels draw other numbers than eager PyTorch: the recorded products disagree
+    with the transforms and are not compiled from; every call is one evaluation's Jacobian."""
+    n = 10
+    f = _drawing(n)
+    x = torch.rand(n, dtype=F64, device=CUDA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = asd.prepare_jacobian(f, x, compile=compile)
+        for i in range(4):
+            torch.manual_seed(100 + i)
+            got = op(x).to_dense()
+            torch.manual_seed(100 + i)
+            torch.testing.assert_close(got, torch.func.jacrev(f)(x), rtol=1e-12, atol=1e-12, msg=f"call {i}")

@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # the default suite runs on every core (at most 4 workers): `make test PYTEST_XDIST=` runs it in one process
-PYTEST_XDIST ?= -n auto --maxprocesses 4
+PYTEST_XDIST ?= -n auto --maxprocesses 4 --dist worksteal
 
 .PHONY: all venv demo test test-all bench figures guide clean
 

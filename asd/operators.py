@@ -19,6 +19,8 @@ import torch
 
 from ._fork import fork_safe
 from .backends import HVP_BACKENDS, Backend, BatchedProducts, default_backend, flatten_function, scalar_function
+from .backends.base import ProductState
+from .backends.fused import FusedState
 from .backends.hvp import ForwardOverReverseHVP, ReverseOverReverseHVP, value_grad_hvp
 from .coloring.choose import choose_hessian, choose_jacobian
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
@@ -259,6 +261,10 @@ class _SparseOperator:
     :func:`asd.sparse_hessian` do that themselves where the fingerprint of what ``f`` reads (float
     values aside) changes.
     """
+
+    #: what the lean path of a repeated call needs (:meth:`_steady_plan`), or ``None``
+    _steady: tuple | None = None
+
 
     _what = "this operator"
     pattern: SparsityPattern
@@ -640,9 +646,19 @@ class _SparseOperator:
         require grad, call without ``out`` or under ``torch.no_grad()``. (``out`` is asd's keyword: an
         ``out`` argument of ``f`` itself can only be given at preparation, ``kwargs=``.)
         """
-        x = self._check(x)
         if out is not None:
             self._check_out_values(out)
+        vals = self._steady_values(x) if not args and not kwargs else None
+        if vals is None:
+            vals = self._values(self._check(x), args, kwargs)
+        if out is None:
+            return vals
+        if vals.requires_grad and torch.is_grad_enabled():
+            raise InputError(f"out= cannot hold values that record gradients (x or a parameter of f requires grad): "
+                             f"call {self._what} without out=, or under torch.no_grad()")
+        return out.copy_(vals)
+
+    def _values(self, x: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
         call_args, changed = self._call_with(args, kwargs)
         with EVAL_LOCK:  # the values and their screen: no other thread's call changes the strategy between
             vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
@@ -651,16 +667,61 @@ class _SparseOperator:
             if self._screen(x, vals, changed):  # another strategy from now on: this call evaluated again
                 vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
                 vals = vals.to(self.dtype)
+            self._steady = self._steady_plan()
         if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals, call_args)
             if changed:
                 self._checked_with(call_args)
-        if out is None:
-            return vals
-        if vals.requires_grad and torch.is_grad_enabled():
-            raise InputError(f"out= cannot hold values that record gradients (x or a parameter of f requires grad): "
-                             f"call {self._what} without out=, or under torch.no_grad()")
-        return out.copy_(vals)
+        return vals
+
+    def _steady_plan(self) -> tuple | None:
+        """What :meth:`_steady_values` needs, where the operator's strategy is batched products in one
+        chunk, through a :class:`~asd.backends.traced.Tracing`, and its calls have no extra arguments
+        and reach no ``nn.Module`` (whose buffers every call would snapshot)."""
+        state = self.state
+        if isinstance(state, FusedState):
+            products, gathered = state.fused, True
+        elif isinstance(state, ProductState):
+            products, gathered = state.products, False
+        else:
+            return None
+        pair = self._prepared_args
+        if (products.tracing is None or products.nseeds == 0 or not self._settled or pair[0] or pair[1]
+                or self._guard.modules(pair)
+                or (products.batch_size is not None and products.batch_size < products.nseeds)):
+            return None
+        return state, self.decompressor, products, gathered
+
+    def _steady_values(self, x) -> torch.Tensor | None:
+        """A repeated call's values by the lean path: a plain tensor of the prepared shape, dtype
+        and device that requires no grad, outside inference mode, on an operator that needs no
+        check at this call and whose products replay a recorded graph with nothing else to do
+        (:meth:`~asd.backends.traced.Tracing.steady`); ``None`` anywhere else (then the full path
+        evaluates the call). It is :meth:`values`'s path, without the layers a settled operator
+        passes through unchanged."""
+        plan = self._steady
+        if (plan is None or type(x) is not torch.Tensor or x.requires_grad or x.shape != self.shape
+                or x.dtype != self.dtype or x.device != self.device or x.is_inference()
+                or torch.is_inference_mode_enabled()
+                or self.check_mode is True or (self.check_mode == "first" and not self._checked)):
+            return None
+        state, decompressor, products, gathered = plan
+        with EVAL_LOCK:
+            if (self.state is not state or self.decompressor is not decompressor or products.sparse_constants is True
+                    or self._warming(x)):
+                return None
+            self._call_args = self._prepared_args
+            xf = _private(x)
+            version = xf._version
+            out = products.tracing.steady(xf, products.seeds)
+            if out is None or xf._version != version:
+                return None
+            vals = out if gathered else decompressor.values(out)
+            if vals.dtype != self.dtype:
+                vals = vals.to(self.dtype)
+            if self._screen(x, vals, False):
+                return None
+        return vals
 
     def _check_out_values(self, out) -> None:
         nnz = int(self.pattern.nnz)

@@ -285,6 +285,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # 15 s of process start-ups; the gloo tests above cover the same evaluation
 def test_under_torchrun(tmp_path):
     """The environment torchrun sets up is all asd.distributed needs."""
     import subprocess

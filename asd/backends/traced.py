@@ -343,12 +343,9 @@ class Tracing:
                     self.disabled = True
                     return None
             self.stamp = stamp
-        key = (tuple(seeds.shape), seeds.dtype)
         if self.compile and x.requires_grad and torch.is_grad_enabled():
             return None  # compiled kernels record no autograd graph: the transforms do
-        if self.constant_seeds:  # the operator's own seed rows, in one chunk: graphs are specialized on them
-            # (their version counter too: a write into them must not meet constants folded from before)
-            key = key + (seeds.data_ptr(), seeds.stride(), seeds._version)
+        key = self._key(seeds)
         graph = self.graphs.get(key)
         if graph is not None and self.compile and not _layouts_hold(graph):
             # a tensor the compiled kernels read has other strides, offset or dtype under the same object
@@ -429,9 +426,25 @@ class Tracing:
                 self.graphs.pop(key, None)
                 return self._disagreed(x, rng)
             return out
-        if (self.cuda_graphs and x.device.type == "cuda" and self.cuda_graph_error is None
-                and not getattr(graph, "captured", False)):
+        if self._uncaptured(graph, x):
             graph = self.graphs[key] = self._graphed(graph, x, seeds)  # compiled at a call that needed grad
+        return self._replay(key, graph, x, seeds)
+
+    def _key(self, seeds: torch.Tensor) -> tuple:
+        key = (tuple(seeds.shape), seeds.dtype)
+        if self.constant_seeds:  # the operator's own seed rows, in one chunk: graphs are specialized on them
+            # (their version counter too: a write into them must not meet constants folded from before)
+            key = key + (seeds.data_ptr(), seeds.stride(), seeds._version)
+        return key
+
+    def _uncaptured(self, graph, x: torch.Tensor) -> bool:
+        """Whether a compiled graph is still to be captured as a CUDA graph at this call."""
+        return (self.cuda_graphs and x.device.type == "cuda" and self.cuda_graph_error is None
+                and not getattr(graph, "captured", False))
+
+    def _replay(self, key, graph, x: torch.Tensor, seeds: torch.Tensor):
+        """``graph(x, seeds)``; ``None`` where it raised (a compiled graph is given up, an eager
+        one recorded again at the next call)."""
         if self.compile:
             try:
                 return graph(x, seeds)
@@ -442,6 +455,29 @@ class Tracing:
         except Exception:  # noqa: BLE001 - a recorded view of a tensor whose strides changed (W.t_())
             self._relayout(key)  # this call through the transforms; recorded again at the next
             return None
+
+    def steady(self, x: torch.Tensor, seeds: torch.Tensor):
+        """The products through a graph recorded, checked and replayed before, where :meth:`run`
+        would do nothing but replay it (same stamp, shapes, layouts; nothing drawn, no gradient
+        recorded by compiled kernels, no CUDA graph still to capture); ``None`` anywhere else, and
+        then :meth:`run` decides. The lean path of a prepared operator's repeated call."""
+        if self.disabled or self.draws or _outside_graphs(x):
+            return None
+        key = self._key(seeds)
+        graph = self.graphs.get(key)
+        if graph is None or key in self.unverified or self._uncaptured(graph, x):
+            return None
+        if self.compile and ((x.requires_grad and torch.is_grad_enabled()) or _records_grad(graph)
+                             or not _layouts_hold(graph)):
+            return None
+        try:
+            stamp, complete = self.guard()
+        except Exception:  # noqa: BLE001 - run() meets it again and stops recording
+            return None
+        if not complete or stamp != self.stamp or (self.shape_sources and not self._shapes_hold()):
+            return None
+        self.calls += 1
+        return self._replay(key, graph, x, seeds)
 
     def _disagreed(self, x: torch.Tensor, rng: tuple | None) -> None:
         """A recorded graph that gave other products than the transforms: none is kept (past

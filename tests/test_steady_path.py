@@ -1,0 +1,260 @@
+"""The lean path of a settled operator's repeated call (``_SparseOperator._steady_values`` over
+``Tracing.steady``): taken where the full path would only replay the recorded products, never where
+the full path does anything else, and bit for bit the full path's values. Random sequences of what
+users do between calls (new points, in-place and rebinding updates of what ``f`` reads, grad
+modes, numpy inputs, ``out=``, checks, threads) are compared with dense derivatives."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import asd
+from asd.backends.traced import CALLS_BEFORE_TRACING, Tracing
+from asd.errors import InputError
+from asd.operators import _SparseOperator
+
+N = 12
+SCALE = 1.0
+w = torch.linspace(0.5, 1.5, N, dtype=torch.float64)
+
+
+def _f(z):
+    return torch.sin(z[1:]) * w[1:] * SCALE + z[:-1] * z[1:]
+
+
+def _h(z):
+    return (w[1:] * SCALE * (z[1:] - z[:-1] ** 2) ** 2).sum() + (torch.cos(z) ** 2).sum()
+
+
+def _dense(kind, z):
+    z = z.detach()
+    return torch.func.jacfwd(_f)(z) if kind == "jacobian" else torch.func.hessian(_h)(z)
+
+
+def _prepare(kind, x, **options):
+    if kind == "jacobian":
+        return asd.prepare_jacobian(_f, x, **options)
+    return asd.prepare_hessian(_h, x, **options)
+
+
+def _settle(op, x, lean=True):
+    for _ in range(CALLS_BEFORE_TRACING + 3):  # recorded, replayed and compared once
+        op(x)
+    assert (op._steady is not None) == lean
+
+
+class _Paths:
+    """Counts the calls answered by the full path and by the lean one."""
+
+    def __init__(self, monkeypatch):
+        self.full = self.lean = 0
+        full, lean = _SparseOperator._values, _SparseOperator._steady_values
+
+        def counted_full(op, *a):
+            self.full += 1
+            return full(op, *a)
+
+        def counted_lean(op, x):
+            out = lean(op, x)
+            self.lean += out is not None
+            return out
+
+        monkeypatch.setattr(_SparseOperator, "_values", counted_full)
+        monkeypatch.setattr(_SparseOperator, "_steady_values", counted_lean)
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    global SCALE, w
+    saved = (SCALE, w)
+    yield
+    SCALE, w = saved
+
+
+KINDS = [("jacobian", {}), ("hessian", {}), ("hessian", {"coloring": "acyclic"}), ("jacobian", {"batch_size": 1})]
+
+
+@pytest.mark.parametrize("kind,options", KINDS, ids=["jacobian", "hessian-star", "hessian-acyclic", "chunked"])
+def test_a_settled_operator_answers_by_the_lean_path(monkeypatch, kind, options):
+    x = torch.rand(N, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = _prepare(kind, x, **options)
+        _settle(op, x, lean="batch_size" not in options)
+    paths = _Paths(monkeypatch)
+    for seed in range(4):
+        z = torch.rand(N, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(op(z).to_dense(), _dense(kind, z), rtol=1e-12, atol=1e-12)
+    if "batch_size" in options:  # products in chunks: the full path
+        assert paths.lean == 0 and paths.full == 4
+    else:
+        assert paths.lean == 4 and paths.full == 0
+
+
+@pytest.mark.parametrize("kind,options", KINDS[:3], ids=["jacobian", "hessian-star", "hessian-acyclic"])
+def test_the_lean_path_gives_the_full_paths_bits(monkeypatch, kind, options):
+    x = torch.rand(N, dtype=torch.float64)
+    op = _prepare(kind, x, **options)
+    _settle(op, x)
+    z = torch.randn(N, dtype=torch.float64)
+    lean = op.values(z)
+    monkeypatch.setattr(_SparseOperator, "_steady_values", lambda op, x: None)
+    assert torch.equal(lean, op.values(z))
+
+
+def test_what_the_full_path_must_see_is_never_answered_by_the_lean_one(monkeypatch):
+    global SCALE
+    x = torch.rand(N, dtype=torch.float64)
+    op = _prepare("jacobian", x)
+    _settle(op, x)
+    paths = _Paths(monkeypatch)
+    # each of these goes to the full path, and is right there
+    z = x.clone().requires_grad_(True)
+    J = op(z)
+    assert J.values().requires_grad
+    torch.testing.assert_close(J.to_dense().detach(), _dense("jacobian", x))
+    torch.testing.assert_close(op(x.numpy()).to_dense(), _dense("jacobian", x))
+    torch.testing.assert_close(op(torch.nn.Parameter(x.clone())).to_dense().detach(), _dense("jacobian", x))
+    SCALE = 2.0  # a global f reads: the guard's stamp changes, the products are recorded anew
+    torch.testing.assert_close(op(x).to_dense(), _dense("jacobian", x))
+    assert paths.lean == 0 and paths.full == 4
+    with pytest.raises(InputError, match="dtype"):
+        op(x.float())
+    with pytest.raises(InputError, match="shape"):
+        op(torch.rand(N + 1, dtype=torch.float64))
+    with torch.inference_mode(), pytest.raises(InputError, match="inference_mode"):
+        op(x)
+    with torch.inference_mode():
+        xi = x.clone()
+    with pytest.raises(InputError, match="inference tensor"):
+        op(xi)
+    with pytest.warns(RuntimeWarning, match="autocast"), torch.autocast("cpu", dtype=torch.bfloat16):
+        op(x)
+    assert paths.lean == 0
+
+
+def test_checks_are_made_where_asked(monkeypatch):
+    x = torch.rand(N, dtype=torch.float64)
+    op = _prepare("jacobian", x, check=True)
+    _settle(op, x)
+    probes = []
+    real = asd.operators.probe
+    monkeypatch.setattr(asd.operators, "probe", lambda *a: probes.append(1) or real(*a))
+    op(x)
+    op.values(x)
+    assert len(probes) == 2
+
+
+def test_a_function_that_reaches_a_module_keeps_the_full_path():
+    """The full path snapshots the buffers of the modules ``f`` reaches around every call."""
+    bn = torch.nn.BatchNorm1d(1, dtype=torch.float64).eval()
+
+    def f(z):
+        return bn(z.reshape(-1, 1)).reshape(-1) * z
+
+    x = torch.rand(N, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    for _ in range(CALLS_BEFORE_TRACING + 3):
+        op(x)
+    assert op._steady is None
+
+
+def test_a_function_that_draws_keeps_the_full_path():
+    def f(z):
+        return z * z * torch.rand(N, dtype=torch.float64)
+
+    x = torch.rand(N, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    for i in range(CALLS_BEFORE_TRACING + 6):
+        torch.manual_seed(i)
+        got = op(x).to_dense()
+        torch.manual_seed(i)
+        torch.testing.assert_close(got, torch.func.jacrev(f)(x), rtol=1e-12, atol=1e-12)
+
+
+def _event(kind, op, name, x, out):
+    """Do ``name`` between calls; returns the point of the next call and a previous result."""
+    global SCALE, w
+    if name == "point":
+        x = torch.rand(N, dtype=torch.float64)
+    elif name == "w in place":
+        w.mul_(1.25)
+    elif name == "w anew":
+        w = w * 0.75 + 0.1  # the global rebound to another tensor
+    elif name == "w.data":
+        w.data = w.data.clone() + 0.5  # new memory under the same tensor
+    elif name == "scale":
+        SCALE = SCALE + 0.5
+    elif name == "grad":
+        J = op(x.clone().requires_grad_(True))
+        torch.testing.assert_close(J.to_dense().detach(), _dense(kind, x), rtol=1e-12, atol=1e-12)
+    elif name == "no_grad":
+        with torch.no_grad():
+            torch.testing.assert_close(op(x).to_dense(), _dense(kind, x), rtol=1e-12, atol=1e-12)
+    elif name == "numpy":
+        torch.testing.assert_close(op(x.numpy()).to_dense(), _dense(kind, x), rtol=1e-12, atol=1e-12)
+    elif name == "out" and out is not None:
+        same = op(x, out=out)
+        assert same is out
+        torch.testing.assert_close(out.to_dense(), _dense(kind, x), rtol=1e-12, atol=1e-12)
+    elif name == "check":
+        assert op.check(x).ok
+    elif name == "thread":
+        got = []
+        t = threading.Thread(target=lambda: got.append(op(x).to_dense()))
+        t.start()
+        t.join()
+        torch.testing.assert_close(got[0], _dense(kind, x), rtol=1e-12, atol=1e-12)
+    return x
+
+
+EVENTS = ["point", "w in place", "w anew", "w.data", "scale", "grad", "no_grad", "numpy", "out", "check", "thread"]
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(["jacobian", "hessian"]), events=st.lists(st.sampled_from(EVENTS), min_size=1, max_size=8))
+def test_random_events_between_calls_agree_with_dense(kind, events):
+    global SCALE, w
+    saved = (SCALE, w.clone())
+    try:
+        x = torch.rand(N, dtype=torch.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op = _prepare(kind, x)
+            _settle(op, x)
+            out = op(x)
+            for name in events:
+                x = _event(kind, op, name, x, out)
+                out = op(x)
+                torch.testing.assert_close(out.to_dense(), _dense(kind, x), rtol=1e-12, atol=1e-12,
+                                           msg=lambda m: f"after {events}: {m}")
+    finally:
+        SCALE, w = saved[0], saved[1]
+
+
+def test_the_lean_path_replays_through_tracing_steady_only_where_run_would_replay(monkeypatch):
+    """``Tracing.steady`` declines at a recorded graph not yet compared with the transforms."""
+    x = torch.rand(N, dtype=torch.float64)
+    op = _prepare("jacobian", x)
+    tracing = op.state.fused.tracing
+    seen = []
+    real = Tracing.steady
+
+    def steady(self, x, seeds):
+        pending = self._key(seeds) in self.unverified
+        out = real(self, x, seeds)
+        seen.append((pending, out is not None))
+        return out
+
+    monkeypatch.setattr(Tracing, "steady", steady)
+    for _ in range(CALLS_BEFORE_TRACING + 3):
+        op(x)
+    assert tracing.graphs and not tracing.unverified
+    assert (True, False) in seen and (False, True) in seen and (True, True) not in seen

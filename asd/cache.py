@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import operator
 import threading
 import types
 import weakref
@@ -363,7 +364,8 @@ class _Watching(_Fingerprint):
         plain = _Fingerprint(values=True)
         summary = plain(obj, depth)
         self.complete = self.complete and plain.complete
-        self.leaves.append((obj, depth, summary))
+        # an empty dict or list (the kwargs of a call without any) summarizes the same while it stays empty
+        self.leaves.append((obj, depth, summary, (t is dict or t is list) and not obj))
         return summary
 
     def function(self, fn: types.FunctionType, depth: int):
@@ -391,7 +393,11 @@ class _Watching(_Fingerprint):
             for n, v in zip(names, found):
                 if g.get(n, _MISSING) is not v:
                     return False
-        for obj, depth, summary in self.leaves:
+        for obj, depth, summary, empty in self.leaves:
+            if empty:
+                if obj:
+                    return False
+                continue
             plain = _Fingerprint(values=True)
             if plain(obj, depth) != summary or not plain.complete:
                 return False
@@ -414,7 +420,7 @@ class ValueGuard:
         last = self._last
         if last is not None:
             seen, w, result = last
-            if len(objs) == len(seen) and all(a is b for a, b in zip(objs, seen)) and w.still():
+            if len(objs) == len(seen) and all(map(operator.is_, objs, seen)) and w.still():
                 return result
         w = _Watching()
         result = (w(objs), w.complete)

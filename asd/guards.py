@@ -80,6 +80,11 @@ class ModuleStateGuard:
         self._f = f
         self._modules = [weakref.ref(m) for m in modules_of(f)]
 
+    @property
+    def watches_modules(self) -> bool:
+        """Whether ``f`` reached modules at preparation (then every call looks for them again)."""
+        return bool(self._modules)
+
     def modules(self, args=()) -> list[torch.nn.Module]:
         found = {}
         for ref in self._modules:

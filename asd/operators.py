@@ -19,8 +19,8 @@ import torch
 
 from ._fork import fork_safe
 from .backends import HVP_BACKENDS, Backend, BatchedProducts, default_backend, flatten_function, scalar_function
-from .backends.base import ProductState
-from .backends.fused import FusedState
+from .backends.base import ProductState, SingleDirection
+from .backends.fused import FusedGather, FusedState
 from .backends.hvp import ForwardOverReverseHVP, ReverseOverReverseHVP, value_grad_hvp
 from .coloring.choose import choose_hessian, choose_jacobian
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
@@ -678,16 +678,19 @@ class _SparseOperator:
         """What :meth:`_steady_values` needs, where the operator's strategy is batched products in one
         chunk, through a :class:`~asd.backends.traced.Tracing`, and its calls have no extra arguments
         and reach no ``nn.Module`` (whose buffers every call would snapshot)."""
-        state = self.state
-        if isinstance(state, FusedState):
+        state, backend = self.state, type(self.backend)
+        # the path below is what these classes' own methods do: a backend (a user's) or products
+        # class that overrides them evaluates by the full path
+        if isinstance(state, FusedState) and backend.values is FusedGather.values:
             products, gathered = state.fused, True
-        elif isinstance(state, ProductState):
+        elif (isinstance(state, ProductState) and backend.values is Backend.values
+              and backend.compute is SingleDirection.compute):
             products, gathered = state.products, False
         else:
             return None
         pair = self._prepared_args
-        if (products.tracing is None or products.nseeds == 0 or not self._settled or pair[0] or pair[1]
-                or self._guard.modules(pair)
+        if (type(products) is not BatchedProducts or products.tracing is None or products.nseeds == 0
+                or not self._settled or pair[0] or pair[1] or self._guard.watches_modules
                 or (products.batch_size is not None and products.batch_size < products.nseeds)):
             return None
         return state, self.decompressor, products, gathered

@@ -6,6 +6,7 @@ modes, numpy inputs, ``out=``, checks, threads) are compared with dense derivati
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 
@@ -258,3 +259,57 @@ def test_the_lean_path_replays_through_tracing_steady_only_where_run_would_repla
         op(x)
     assert tracing.graphs and not tracing.unverified
     assert (True, False) in seen and (False, True) in seen and (True, True) not in seen
+
+
+def test_a_backend_of_the_users_own_is_evaluated_by_its_own_methods():
+    """Review: the lean path computed the values itself and skipped a user backend's override of
+    ``compute`` (here: NaN products set to 0), returning NaN where the full path gives 0."""
+    from asd.backends.jvp import ForwardJVP
+
+    class NanToZero(ForwardJVP):
+        name = "vmap(jvp), NaN as 0"
+
+        def compute(self, state, x):
+            return torch.nan_to_num(super().compute(state, x), nan=0.0)
+
+    def g(z):
+        return torch.sqrt(z) * z  # at 0 forward mode gives inf * 0
+
+    x = torch.rand(6, dtype=torch.float64) + 0.5
+    op = asd.prepare_jacobian(g, x, mode="forward", backend=NanToZero())
+    _settle(op, x, lean=False)
+    z = x.clone()
+    z[2] = 0.0
+    vals = op.values(z)
+    assert torch.isfinite(vals).all() and vals[2] == 0.0
+
+
+def test_a_replay_that_raises_on_the_lean_path_is_handed_over_as_the_full_path_would_finish_it(monkeypatch):
+    """Review: the lean path's replay raised (a tensor ``f`` views was transposed), dropped the graph
+    and declined; the full path then recorded again at the same call, and two such calls stopped
+    the recording for good (a 3-6x slower operator). Now the full path finishes the call as it
+    would after a replay of its own that raised, and both paths end in the same state."""
+    W = torch.randn(3, 3, dtype=torch.float64)
+
+    def f(z):
+        return z * W.view(-1) + torch.sin(z)
+
+    x = torch.rand(9, dtype=torch.float64)
+    lean, full = asd.prepare_jacobian(f, x), asd.prepare_jacobian(f, x)
+    full._steady_values = lambda x: None
+    for _ in range(CALLS_BEFORE_TRACING + 3):
+        lean(x)
+        full(x)
+    for i in range(4):
+        if i in (0, 2):
+            W.t_()  # transposed for two calls (f raises there: view of a non-contiguous tensor), then back
+        z = torch.rand(9, dtype=torch.float64)
+        for op in (lean, full):
+            with pytest.raises(RuntimeError) if i in (0, 1) else contextlib.nullcontext():
+                op.values(z)
+    z = torch.rand(9, dtype=torch.float64)
+    assert torch.equal(lean.values(z), full.values(z))
+    torch.testing.assert_close(lean.values(z), torch.func.jacfwd(f)(z).diagonal(), rtol=1e-12, atol=1e-12)
+    a, b = lean.state.fused.tracing, full.state.fused.tracing
+    assert (a.disabled, a.record_failures, a.relayouts) == (b.disabled, b.record_failures, b.relayouts)
+    assert not a.disabled

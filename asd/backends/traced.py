@@ -292,6 +292,8 @@ class Tracing:
         self.unverified: set = set()
         #: whether the latest recorded graph draws random numbers
         self.draws = True
+        #: :meth:`steady`'s replay raised: the next :meth:`run` (the same call's) answers ``None``
+        self._replay_failed = False
 
     def _record(self, make_fx, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products' graph: a compiled operator records it without ``make_fx`` (which imports
@@ -322,6 +324,10 @@ class Tracing:
 
     def run(self, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
         """The products through the recorded graph, or ``None`` (evaluate ``fn`` itself)."""
+        if self._replay_failed:
+            # :meth:`steady` replayed this call and the replay raised: what run() does after that
+            self._replay_failed = False
+            return None
         if self.disabled:
             return None
         if _outside_graphs(x):
@@ -477,7 +483,10 @@ class Tracing:
         if not complete or stamp != self.stamp or (self.shape_sources and not self._shapes_hold()):
             return None
         self.calls += 1
-        return self._replay(key, graph, x, seeds)
+        out = self._replay(key, graph, x, seeds)
+        # the full path takes this call over: its run() answers as it would after its own failed replay
+        self._replay_failed = out is None
+        return out
 
     def _disagreed(self, x: torch.Tensor, rng: tuple | None) -> None:
         """A recorded graph that gave other products than the transforms: none is kept (past

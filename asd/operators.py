@@ -647,6 +647,7 @@ class _SparseOperator:
         ``out`` argument of ``f`` itself can only be given at preparation, ``kwargs=``.)
         """
         if out is not None:
+            x = self._check(x)  # x's errors before out's
             self._check_out_values(out)
         vals = self._steady_values(x) if not args and not kwargs else None
         if vals is None:

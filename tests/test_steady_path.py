@@ -167,7 +167,7 @@ def test_a_function_that_reaches_a_module_keeps_the_full_path():
     assert op._steady is None
 
 
-def test_a_function_that_draws_keeps_the_full_path():
+def test_a_function_that_draws_gets_one_evaluations_draws_at_every_call():
     def f(z):
         return z * z * torch.rand(N, dtype=torch.float64)
 
@@ -176,8 +176,11 @@ def test_a_function_that_draws_keeps_the_full_path():
     for i in range(CALLS_BEFORE_TRACING + 6):
         torch.manual_seed(i)
         got = op(x).to_dense()
+        after = torch.get_rng_state()
         torch.manual_seed(i)
         torch.testing.assert_close(got, torch.func.jacrev(f)(x), rtol=1e-12, atol=1e-12)
+        assert torch.equal(torch.get_rng_state(), after)  # the draws of one evaluation of f
+    assert op.state.fused.tracing.graphs and op._steady is not None
 
 
 def _event(kind, op, name, x, out):
@@ -313,3 +316,47 @@ def test_a_replay_that_raises_on_the_lean_path_is_handed_over_as_the_full_path_w
     a, b = lean.state.fused.tracing, full.state.fused.tracing
     assert (a.disabled, a.record_failures, a.relayouts) == (b.disabled, b.record_failures, b.relayouts)
     assert not a.disabled
+
+
+def test_a_failed_replay_that_stops_the_recording_leaves_no_hand_off_behind():
+    """Review: where the lean path's failed replay disabled the recording (its third relayout),
+    the full path's warm-up evaluated the call and the hand-off flag outlived it."""
+    W = torch.randn(3, 3, dtype=torch.float64)
+
+    def h(z):
+        return (torch.sin(z) * z.roll(1)).sum() + torch.exp(z * W.reshape(-1)).sum()
+
+    x = torch.rand(9, dtype=torch.float64)
+    op = asd.prepare_hessian(h, x)
+    _settle(op, x)
+    tracing = op.state.products.tracing
+    for _ in range(5):
+        W.t_()  # the recorded view of W fails at the replay; f's reshape copies
+        z = torch.rand(9, dtype=torch.float64)
+        torch.testing.assert_close(op(z).to_dense(), torch.func.hessian(h)(z), rtol=1e-12, atol=1e-12)
+        assert not tracing._replay_failed
+        W.t_()
+        for _ in range(3):
+            op(z)
+    assert tracing.disabled
+
+
+def test_values_on_another_device_than_the_index_tensors_give_a_csr_there():
+    """Review: the CSR built without ``device=`` refused values on another device than the
+    decompressor's index tensors (a public ``Decompressor`` fed meta values)."""
+    from asd.decompression import Decompressor
+
+    x = torch.rand(N, dtype=torch.float64)
+    op = _prepare("jacobian", x)
+    dec = Decompressor(op.coloring, "cpu")
+    vals = op.values(x)
+    assert dec.csr(vals).device.type == "cpu"
+    meta = dec.csr(torch.empty(vals.shape, dtype=torch.float32, device="meta"))
+    assert meta.device.type == "meta" and meta.dtype == torch.float32
+
+
+def test_an_input_error_comes_before_an_out_error():
+    x = torch.rand(N, dtype=torch.float64)
+    op = _prepare("jacobian", x)
+    with pytest.raises(InputError, match="prepared for inputs of shape"):
+        op.values(torch.rand(N + 1, dtype=torch.float64), out=torch.empty(3))

@@ -292,7 +292,8 @@ class Tracing:
         self.unverified: set = set()
         #: whether the latest recorded graph draws random numbers
         self.draws = True
-        #: :meth:`steady`'s replay raised: the next :meth:`run` (the same call's) answers ``None``
+        #: :meth:`steady`'s replay raised: the next :meth:`run` (the same call's full path, or another
+        #: thread's call that took the lock in between) answers ``None``
         self._replay_failed = False
 
     def _record(self, make_fx, fn: Callable, x: torch.Tensor, seeds: torch.Tensor):
@@ -484,8 +485,11 @@ class Tracing:
             return None
         self.calls += 1
         out = self._replay(key, graph, x, seeds)
-        # the full path takes this call over: its run() answers as it would after its own failed replay
-        self._replay_failed = out is None
+        # the full path takes this call over: its run() answers as it would after its own failed
+        # replay. (A replay whose failure disabled the recording leaves no flag: run() answers None
+        # anyway, and the full path may evaluate that call by a warm-up strategy, which evaluates
+        # every call of a disabled recording.)
+        self._replay_failed = out is None and not self.disabled
         return out
 
     def _disagreed(self, x: torch.Tensor, rng: tuple | None) -> None:

@@ -177,8 +177,10 @@ class Decompressor:
 
     def csr(self, values: torch.Tensor) -> torch.Tensor:
         """A ``torch.sparse_csr`` tensor with this pattern and ``values``."""
-        # (dtype= and device= would cost a third of the call: they are the values' own)
-        return torch.sparse_csr_tensor(self.crow, self.col, values, size=self.shape, check_invariants=False)
+        if values.device == self.crow.device:  # dtype= and device= would cost a third of the call
+            return torch.sparse_csr_tensor(self.crow, self.col, values, size=self.shape, check_invariants=False)
+        return torch.sparse_csr_tensor(self.crow, self.col, values, size=self.shape, dtype=values.dtype,
+                                       device=values.device, check_invariants=False)
 
     def __call__(self, compressed: torch.Tensor) -> torch.Tensor:
         return self.csr(self.values(compressed))

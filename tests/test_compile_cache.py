@@ -78,23 +78,43 @@ JACOBIANS = [pytest.param("stencil", _stencil, "forward", id="stencil", marks=_S
 
 
 @pytest.mark.parametrize("name,f,mode", JACOBIANS)
-def test_compiled_jacobians_equal_dense_ad(name, f, mode):
+def test_compiled_jacobians_equal_dense_ad(name, f, mode, monkeypatch):
     x = torch.randn(72 if name == "brusselator" else 36, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         op = asd.prepare_jacobian(f, x, mode=mode, compile=True)
-        for seed in (1, 2):
+        for seed in (1, 2, 3):
             z = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
             torch.testing.assert_close(op(z).to_dense(), torch.func.jacrev(f)(z), rtol=1e-10, atol=1e-10)
     tracing = _tracing(op)
     assert tracing.compiled is not None and not tracing.disabled, tracing.error
+    _lean_path_gives_the_full_paths_bits(op, z, monkeypatch)
+
+
+def _lean_path_gives_the_full_paths_bits(op, z, monkeypatch):
+    """A settled compiled operator's next call replays its products by the lean path
+    (``_SparseOperator._steady_values``), with the bits the full path gives."""
+    from asd.operators import _SparseOperator
+
+    answered = []
+    real = _SparseOperator._steady_values
+
+    def steady(self, x):
+        out = real(self, x)
+        answered.append(out is not None)
+        return out
+
+    monkeypatch.setattr(_SparseOperator, "_steady_values", steady)
+    lean = op.values(z)
+    monkeypatch.setattr(_SparseOperator, "_steady_values", lambda self, x: None)
+    assert answered == [True] and torch.equal(lean, op.values(z))
 
 
 # star in the default suite: its products go through both CPU rewrites (padded sums as segments, the
 # gather after the kernels); acyclic (the same products, then substitution) under -m slow
 @AOTI
 @pytest.mark.parametrize("coloring", ["star", pytest.param("acyclic", marks=_SLOW)])
-def test_compiled_hessians_equal_dense_ad(coloring):
+def test_compiled_hessians_equal_dense_ad(coloring, monkeypatch):
     x = torch.rand(30, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     h = lambda z: rosenbrock(z) + (torch.sin(z[::3]) ** 2).sum()  # noqa: E731
     with warnings.catch_warnings():
@@ -104,6 +124,7 @@ def test_compiled_hessians_equal_dense_ad(coloring):
             torch.testing.assert_close(op(z).to_dense(), torch.func.hessian(h)(z), rtol=1e-10, atol=1e-10)
     compiled = _tracing(op).compiled
     assert compiled is not None
+    _lean_path_gives_the_full_paths_bits(op, x * 0.5, monkeypatch)
     notes = " ".join(compiled.notes)
     assert "segments" in notes, notes
     if coloring == "star":

@@ -715,10 +715,8 @@ class _SparseOperator:
                     or self._warming(x)):
                 return None
             self._call_args = self._prepared_args
-            xf = _private(x)
-            version = xf._version
-            out = products.tracing.steady(xf, products.seeds)
-            if out is None or xf._version != version:
+            out = products.tracing.steady(x.reshape(-1), products.seeds)  # (copied there unless it need not be)
+            if out is None:
                 return None
             vals = out if gathered else decompressor.values(out)
             if vals.dtype != self.dtype:

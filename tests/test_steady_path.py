@@ -360,3 +360,81 @@ def test_an_input_error_comes_before_an_out_error():
     op = _prepare("jacobian", x)
     with pytest.raises(InputError, match="prepared for inputs of shape"):
         op.values(torch.rand(N + 1, dtype=torch.float64), out=torch.empty(3))
+
+
+def _fx(fn, *shapes):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn)(*(torch.rand(s, dtype=torch.float64) for s in shapes))
+
+
+@pytest.mark.parametrize("fn,free", [
+    (lambda x, s: x[1:] * s[0, 1:], True),
+    (lambda x, s: torch.sin(x) * s, True),
+    (lambda x, s: (x.unsqueeze(0) * s).sum(0), True),
+    (lambda x, s: x.add_(1.0) * s, False),                      # writes into x
+    (lambda x, s: x.view(-1)[:3].mul_(2.0) * s[0, :3], False),  # writes into a view of x
+    (lambda x, s: x.t() if x.dim() > 1 else x.view(-1), False),  # returns a view of x
+    (lambda x, s: torch.unbind(x.view(2, -1))[1], False),       # returns an element of an unbind of x
+    (lambda x, s: torch.mul(s[0], 2.0, out=x), False),          # out= into x
+    (lambda x, s: s[0] * 2.0 + x.detach(), True),
+], ids=["slice", "pointwise", "broadcast", "in-place", "view-in-place", "view-out", "unbind-out", "out=", "detach"])
+def test_input_free_reads_the_operators_schemas(fn, free):
+    from asd.backends.traced import _input_free
+
+    assert _input_free(_fx(fn, (6,), (2, 6))) is free
+
+
+def test_a_result_aliasing_the_point_is_copied_on_the_lean_path(monkeypatch):
+    """Handed the caller's tensor, the lean path never returns a view of it: a replay whose result
+    is its input (graph passes that fold a product of ones into the point would give one) is
+    copied."""
+    def f(z):
+        return z * z / 2  # the Jacobian is diag(z): its values are the point's
+
+    x = torch.rand(N, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    with torch.no_grad():
+        _settle(op, x)
+        monkeypatch.setattr(Tracing, "_replay", lambda self, key, graph, xf, seeds: xf)
+        z = torch.rand(N, dtype=torch.float64)
+        J = op(z)
+    assert J.values().untyped_storage().data_ptr() != z.untyped_storage().data_ptr()
+    vals = J.values().clone()
+    z.add_(1.0)
+    assert torch.equal(J.values(), vals)
+    torch.testing.assert_close(vals, z - 1.0, rtol=1e-12, atol=1e-12)
+
+
+def test_the_lean_path_leaves_the_callers_point_as_it_was():
+    for kind in ("jacobian", "hessian"):
+        x = torch.rand(N, dtype=torch.float64)
+        op = _prepare(kind, x)
+        with torch.no_grad():
+            _settle(op, x)
+            z = torch.rand(N, dtype=torch.float64)
+            before, version = z.clone(), z._version
+            torch.testing.assert_close(op(z).to_dense(), _dense(kind, z), rtol=1e-12, atol=1e-12)
+        assert torch.equal(z, before) and z._version == version
+
+
+def test_a_point_inside_a_larger_storage_is_copied_on_the_lean_path(monkeypatch):
+    """A recorded view (``as_strided`` among them) addresses its input's storage from the start:
+    a point at an offset in a larger storage is handed over as a private copy."""
+    x = torch.rand(N, dtype=torch.float64)
+    op = _prepare("jacobian", x)
+    seen = []
+    real = Tracing._replay
+    monkeypatch.setattr(Tracing, "_replay", lambda self, key, graph, xf, seeds: seen.append(xf) or real(
+        self, key, graph, xf, seeds))
+    with torch.no_grad():
+        _settle(op, x)
+        big = torch.rand(3 * N, dtype=torch.float64)
+        for z in (big[N:2 * N], big[:N], big.view(N, 3)[:, 0]):
+            seen.clear()
+            torch.testing.assert_close(op(z).to_dense(), _dense("jacobian", z), rtol=1e-12, atol=1e-12)
+            assert seen and seen[-1].untyped_storage().data_ptr() != big.untyped_storage().data_ptr()
+        own = torch.rand(N, dtype=torch.float64)
+        seen.clear()
+        op(own)
+        assert seen[-1].data_ptr() == own.data_ptr()  # a tensor of its own storage is read where it is

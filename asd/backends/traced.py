@@ -14,6 +14,7 @@ and the operator's pattern holds everywhere (not ``local=True``, not a user ``pa
 
 from __future__ import annotations
 
+import operator
 import time
 import weakref
 from typing import Callable
@@ -21,6 +22,7 @@ from typing import Callable
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 __all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES"]
 
@@ -220,6 +222,44 @@ def _agrees(graph, fn: Callable, x: torch.Tensor, seeds: torch.Tensor, rng: tupl
     return got if parts_agree(got, want, _same) else None
 
 
+def _input_free(graph) -> bool:
+    """Whether a recorded graph neither writes into its first input (the point ``x``) or a view of
+    it, nor returns one: then its replay may read the caller's tensor instead of a private copy.
+    Read off the operators' schemas (an argument annotated as written, a result aliasing an
+    argument); anything that is not an ATen operator or ``getitem`` of one answers ``False``."""
+    if not isinstance(graph, torch.fx.GraphModule):
+        return False
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    if not placeholders:
+        return False
+    aliases = {placeholders[0]}
+
+    def touched(value) -> bool:
+        return any(isinstance(a, torch.fx.Node) and a in aliases for a in tree_flatten(value)[0])
+
+    for n in graph.graph.nodes:
+        if n.op in ("placeholder", "get_attr"):
+            continue
+        if n.op == "output":
+            return not touched(n.args)
+        if n.op != "call_function":
+            return False
+        if not touched((n.args, n.kwargs)):
+            continue
+        if n.target is operator.getitem:
+            aliases.add(n)  # an element of a view-returning op's list (unbind, split)
+            continue
+        if not isinstance(n.target, torch._ops.OpOverload):
+            return False
+        for i, arg in enumerate(n.target._schema.arguments):
+            value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+            if arg.alias_info is not None and touched(value):
+                if arg.alias_info.is_write:
+                    return False
+                aliases.add(n)  # a view of x (or possibly one)
+    return False
+
+
 def _layouts_hold(graph) -> bool:
     """Whether the tensors a compiled graph reads still have the layout it was compiled for."""
     hold = getattr(getattr(graph, "fn", graph), "layouts_hold", None)
@@ -292,6 +332,8 @@ class Tracing:
         self.unverified: set = set()
         #: whether the latest recorded graph draws random numbers
         self.draws = True
+        #: per key, whether the recorded graph reads its input only (:func:`_input_free`)
+        self.input_free: dict = {}
         #: :meth:`steady`'s replay raised: the next :meth:`run` (the same call's full path, or another
         #: thread's call that took the lock in between) answers ``None``
         self._replay_failed = False
@@ -375,6 +417,7 @@ class Tracing:
                 graph = self._record(make_fx, fn, x, seeds)
                 recorded = True  # a failure from here on is asd's or the compiler's, not f's
                 self.draws = _draws(graph)
+                self.input_free[key] = _input_free(graph)  # (asd's graph passes write fresh buffers only)
                 # the compiled products are never compared bit for bit again: the recording is, here
                 if self.compile and _agrees(graph, fn, x, seeds, rng if self.draws else None) is None:
                     return self._disagreed(x, rng if self.draws else None)
@@ -467,7 +510,11 @@ class Tracing:
         """The products through a graph recorded, checked and replayed before, where :meth:`run`
         would do nothing but replay it (same stamp, shapes, layouts; nothing drawn, no gradient
         recorded by compiled kernels, no CUDA graph still to capture); ``None`` anywhere else, and
-        then :meth:`run` decides. The lean path of a prepared operator's repeated call."""
+        then :meth:`run` decides. The lean path of a prepared operator's repeated call.
+
+        ``x`` is the caller's flat point (a view of its tensor): it is copied first unless the graph
+        reads it only (:func:`_input_free`) and the replay records no gradient that would keep it
+        (compiled kernels, or grad disabled); a result that aliases it is copied."""
         if self.disabled or self.draws or _outside_graphs(x):
             return None
         key = self._key(seeds)
@@ -484,12 +531,23 @@ class Tracing:
         if not complete or stamp != self.stamp or (self.shape_sources and not self._shapes_hold()):
             return None
         self.calls += 1
-        out = self._replay(key, graph, x, seeds)
+        # shared only where the graph sees what a private copy would show it: a contiguous tensor of
+        # its own storage (recorded views, as_strided among them, address the storage from its start)
+        shared = (self.input_free.get(key, False) and (self.compile or not torch.is_grad_enabled())
+                  and x.storage_offset() == 0 and x.is_contiguous()
+                  and x.untyped_storage().nbytes() == x.numel() * x.element_size())
+        xf = x if shared else x.clone()
+        version = xf._version
+        out = self._replay(key, graph, xf, seeds)
         # the full path takes this call over: its run() answers as it would after its own failed
         # replay. (A replay whose failure disabled the recording leaves no flag: run() answers None
         # anyway, and the full path may evaluate that call by a warm-up strategy, which evaluates
         # every call of a disabled recording.)
         self._replay_failed = out is None and not self.disabled
+        if out is None or xf._version != version:  # (f wrote into its input: the full path handles it)
+            return None
+        if shared and out.untyped_storage().data_ptr() == xf.untyped_storage().data_ptr():
+            out = out.clone()
         return out
 
     def _disagreed(self, x: torch.Tensor, rng: tuple | None) -> None:

@@ -378,7 +378,14 @@ def _fx(fn, *shapes):
     (lambda x, s: torch.unbind(x.view(2, -1))[1], False),       # returns an element of an unbind of x
     (lambda x, s: torch.mul(s[0], 2.0, out=x), False),          # out= into x
     (lambda x, s: s[0] * 2.0 + x.detach(), True),
-], ids=["slice", "pointwise", "broadcast", "in-place", "view-in-place", "view-out", "unbind-out", "out=", "detach"])
+    # memory of x without an alias annotation in the schema (review): written, or returned
+    (lambda x, s: torch.unsafe_chunk(x, 2)[0].clamp_(max=0.5).sum() * s, False),
+    (lambda x, s: torch.ops.aten._unsafe_view(x, [2, 3]).clamp_(max=0.5).sum() * s, False),
+    (lambda x, s: torch.ops.aten.unsafe_split(x, 3)[1], False),
+    (lambda x, s: torch.ops.aten.lift(x).mul_(2.0) * s, False),
+    (lambda x, s: (x.sum() * s).mul_(2.0), True),  # a fresh result written in place
+], ids=["slice", "pointwise", "broadcast", "in-place", "view-in-place", "view-out", "unbind-out", "out=", "detach",
+        "unsafe_chunk-written", "_unsafe_view-written", "unsafe_split-out", "lift-written", "fresh-written"])
 def test_input_free_reads_the_operators_schemas(fn, free):
     from asd.backends.traced import _input_free
 
@@ -438,3 +445,35 @@ def test_a_point_inside_a_larger_storage_is_copied_on_the_lean_path(monkeypatch)
         seen.clear()
         op(own)
         assert seen[-1].data_ptr() == own.data_ptr()  # a tensor of its own storage is read where it is
+
+
+@pytest.mark.parametrize("kind", ["jacobian", "hessian"])
+def test_a_function_writing_its_input_through_an_unannotated_view_keeps_the_callers_point(kind):
+    """Review: ``torch.unsafe_chunk`` returns memory of ``z`` without an alias annotation (and a
+    write through it moves no version counter); a function that clamps half of its input in place
+    through it clamped the caller's tensor once the lean path handed it over."""
+    def project(z):
+        torch.unsafe_chunk(z, 2)[0].clamp_(max=0.5)
+        return z
+
+    def f(z):
+        z = project(z)
+        return torch.sin(z[1:]) * z[:-1]
+
+    def h(z):
+        z = project(z)
+        return ((z[1:] - z[:-1] ** 2) ** 2).sum() + (z ** 4).sum()
+
+    x = torch.rand(8, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        op = asd.prepare_jacobian(f, x) if kind == "jacobian" else asd.prepare_hessian(h, x)
+        with torch.no_grad():
+            for _ in range(CALLS_BEFORE_TRACING + 3):
+                op(x)
+            z = torch.linspace(-1.0, 1.0, 8, dtype=torch.float64)
+            before = z.clone()
+            got = op(z).to_dense()
+    assert torch.equal(z, before)
+    dense = torch.func.jacrev(f)(before.clone()) if kind == "jacobian" else torch.func.hessian(h)(before.clone())
+    torch.testing.assert_close(got, dense, rtol=1e-12, atol=1e-12)

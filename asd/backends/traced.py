@@ -222,20 +222,49 @@ def _agrees(graph, fn: Callable, x: torch.Tensor, seeds: torch.Tensor, rng: tupl
     return got if parts_agree(got, want, _same) else None
 
 
+#: non-pointwise ATen operators whose result is always a new tensor of their own (the pointwise
+#: ones are recognised by their tag); any other operator reading the point may return memory of it
+#: without saying so in its schema (``_unsafe_view``, ``unsafe_chunk``, ``lift``, ...)
+_FRESH_RESULTS = frozenset({
+    "clone", "_to_copy", "index_select", "cat", "stack", "roll", "flip", "mm", "bmm", "addmm", "mv", "dot",
+    "sum", "mean", "prod", "amax", "amin", "cumsum", "cumprod", "gather", "scatter", "scatter_add",
+    "index_add", "index_copy", "index_put", "index", "constant_pad_nd", "repeat", "convolution",
+    "convolution_backward", "slice_backward", "select_backward", "diagonal_backward", "slice_scatter",
+    "select_scatter", "diagonal_scatter", "as_strided_scatter", "zeros_like", "ones_like", "empty_like",
+    "full_like", "new_zeros", "new_ones", "new_empty", "new_full", "embedding", "embedding_dense_backward",
+    "sort", "topk", "max", "min", "var", "std", "norm", "linalg_vector_norm", "_softmax", "_log_softmax",
+    "_softmax_backward_data", "_log_softmax_backward_data", "tril", "triu", "trace", "einsum"})
+
+
+def _fresh_result(target) -> bool:
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    schema = target._schema
+    if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+        return False
+    name = target.overloadpacket.__name__
+    if "unsafe" in name or name in ("lift", "lift_fresh", "conj_physical"):
+        return False
+    return torch.Tag.pointwise in target.tags or name in _FRESH_RESULTS
+
+
 def _input_free(graph) -> bool:
-    """Whether a recorded graph neither writes into its first input (the point ``x``) or a view of
-    it, nor returns one: then its replay may read the caller's tensor instead of a private copy.
-    Read off the operators' schemas (an argument annotated as written, a result aliasing an
-    argument); anything that is not an ATen operator or ``getitem`` of one answers ``False``."""
+    """Whether a recorded graph neither writes into its first input (the point ``x``) nor returns
+    memory of it: then its replay may read the caller's tensor instead of a private copy. Every
+    result of an operator that reads the point, or memory that may be the point's, may be the
+    point's memory too, unless the operator is known to return a new tensor of its own
+    (:func:`_fresh_result`); a write (an argument annotated as written) into such memory, a
+    ``set_`` that reads it, or an output that may be it answers ``False``, and so does anything
+    that is not an ATen operator or ``getitem`` of one."""
     if not isinstance(graph, torch.fx.GraphModule):
         return False
     placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
     if not placeholders:
         return False
-    aliases = {placeholders[0]}
+    maybe = {placeholders[0]}  # the nodes whose memory may be the point's
 
     def touched(value) -> bool:
-        return any(isinstance(a, torch.fx.Node) and a in aliases for a in tree_flatten(value)[0])
+        return any(isinstance(a, torch.fx.Node) and a in maybe for a in tree_flatten(value)[0])
 
     for n in graph.graph.nodes:
         if n.op in ("placeholder", "get_attr"):
@@ -247,16 +276,16 @@ def _input_free(graph) -> bool:
         if not touched((n.args, n.kwargs)):
             continue
         if n.target is operator.getitem:
-            aliases.add(n)  # an element of a view-returning op's list (unbind, split)
+            maybe.add(n)
             continue
-        if not isinstance(n.target, torch._ops.OpOverload):
+        if not isinstance(n.target, torch._ops.OpOverload) or n.target.overloadpacket.__name__ in ("set_", "set"):
             return False
         for i, arg in enumerate(n.target._schema.arguments):
             value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
-            if arg.alias_info is not None and touched(value):
-                if arg.alias_info.is_write:
-                    return False
-                aliases.add(n)  # a view of x (or possibly one)
+            if arg.alias_info is not None and arg.alias_info.is_write and touched(value):
+                return False
+        if not _fresh_result(n.target):
+            maybe.add(n)
     return False
 
 

@@ -26,7 +26,7 @@ from .coloring.choose import choose_hessian, choose_jacobian
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor
 from .detection.jacobian import check_input
-from .backends.traced import CALLS_BEFORE_TRACING, Tracing, _rng_state, _set_rng_state
+from .backends.traced import CALLS_BEFORE_TRACING, GraphWritesInput, Tracing, _rng_state, _set_rng_state
 from . import arg_values
 from .cache import ValueGuard, fingerprint
 from .checks import CheckReport, checks_forced, probe
@@ -87,6 +87,11 @@ def run_on_copy(run: Callable, x: torch.Tensor, copies: bool):
     version = xf._version
     try:
         out = run(xf)
+    except GraphWritesInput:
+        # the recording found writes into the point that no version counter saw (xf may hold them)
+        if not copies:
+            raise _WritesInput() from None
+        return run(_private(x))  # (the recording is off: the transforms evaluate this call)
     except RuntimeError as exc:
         if not copies and _IN_PLACE_ON_LEAF in str(exc):
             raise _WritesInput() from exc

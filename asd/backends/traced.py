@@ -24,6 +24,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ..errors import AsdError
+
 __all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES"]
 
 
@@ -233,7 +235,12 @@ _FRESH_RESULTS = frozenset({
     "select_scatter", "diagonal_scatter", "as_strided_scatter", "zeros_like", "ones_like", "empty_like",
     "full_like", "new_zeros", "new_ones", "new_empty", "new_full", "embedding", "embedding_dense_backward",
     "sort", "topk", "max", "min", "var", "std", "norm", "linalg_vector_norm", "_softmax", "_log_softmax",
-    "_softmax_backward_data", "_log_softmax_backward_data", "tril", "triu", "trace", "einsum"})
+    "_softmax_backward_data", "_log_softmax_backward_data", "tril", "triu", "trace",
+    "native_layer_norm", "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward",
+    "_native_batch_norm_legit_no_training", "native_batch_norm_backward", "max_pool2d_with_indices",
+    "max_pool2d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool2d_backward", "mse_loss", "mse_loss_backward", "nll_loss_forward", "nll_loss_backward",
+    "_cdist_forward", "_cdist_backward", "im2col", "col2im", "cumsum", "logsumexp", "linalg_cross"})
 
 
 def _fresh_result(target) -> bool:
@@ -250,12 +257,15 @@ def _fresh_result(target) -> bool:
 
 def _input_free(graph) -> bool:
     """Whether a recorded graph neither writes into its first input (the point ``x``) nor returns
-    memory of it: then its replay may read the caller's tensor instead of a private copy. Every
-    result of an operator that reads the point, or memory that may be the point's, may be the
-    point's memory too, unless the operator is known to return a new tensor of its own
-    (:func:`_fresh_result`); a write (an argument annotated as written) into such memory, a
-    ``set_`` that reads it, or an output that may be it answers ``False``, and so does anything
-    that is not an ATen operator or ``getitem`` of one."""
+    memory of it: then its replay may read the caller's tensor instead of a private copy.
+
+    Schemas do not say everything (``unsafe_chunk`` returns memory of its input unannotated,
+    ``native_batch_norm`` writes its running statistics unannotated), so an operator that reads
+    the point, or memory that may be the point's, must be one of: known to return a new tensor of
+    its own without writing (:func:`_fresh_result`); a view (every result annotated as an alias,
+    nothing written), whose results may be the point's memory; a pointwise operator writing in
+    place into memory that is not the point's; or ``getitem`` of a view's list. Anything else, or
+    an output that may be the point's memory, answers ``False``."""
     if not isinstance(graph, torch.fx.GraphModule):
         return False
     placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
@@ -275,18 +285,73 @@ def _input_free(graph) -> bool:
             return False
         if not touched((n.args, n.kwargs)):
             continue
-        if n.target is operator.getitem:
+        target = n.target
+        if target is operator.getitem:
             maybe.add(n)
             continue
-        if not isinstance(n.target, torch._ops.OpOverload) or n.target.overloadpacket.__name__ in ("set_", "set"):
+        if not isinstance(target, torch._ops.OpOverload):
             return False
-        for i, arg in enumerate(n.target._schema.arguments):
+        if _fresh_result(target):
+            continue
+        schema = target._schema
+        if not schema.is_mutable:
+            if not schema.returns or any(r.alias_info is None for r in schema.returns):
+                return False  # not known to allocate, not a view: it may return or write anything
+            maybe.add(n)  # a view of the point (or possibly one)
+            continue
+        if torch.Tag.pointwise not in target.tags:
+            return False
+        for i, arg in enumerate(schema.arguments):
             value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
             if arg.alias_info is not None and arg.alias_info.is_write and touched(value):
                 return False
-        if not _fresh_result(n.target):
+    return False
+
+
+#: operators that write into arguments their schema does not annotate as written
+_UNANNOTATED_WRITERS = frozenset({"native_batch_norm", "_batch_norm_impl_index", "cudnn_batch_norm",
+                                  "miopen_batch_norm"})
+
+
+def _may_write(graph, placeholders: int | None) -> bool:
+    """Whether a recorded graph may write into the memory of its first ``placeholders`` inputs
+    (``None``: all of them), the point's and the seeds'. A function that writes into its input
+    through memory PyTorch does not count as a view of it (``torch.unsafe_chunk(z, 2)[0].clamp_()``)
+    moves no version counter: the recorded graph then writes into the operator's own buffers at
+    every replay. Every result of an operator reading such memory may be such memory too, unless
+    the operator is known to return a new tensor of its own (:func:`_fresh_result`)."""
+    inputs = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    maybe = set(inputs if placeholders is None else inputs[:placeholders])
+
+    def touched(value) -> bool:
+        return any(isinstance(a, torch.fx.Node) and a in maybe for a in tree_flatten(value)[0])
+
+    for n in graph.graph.nodes:
+        if n.op != "call_function" or not touched((n.args, n.kwargs)):
+            continue
+        target = n.target
+        if target is operator.getitem:
+            maybe.add(n)
+            continue
+        if not isinstance(target, torch._ops.OpOverload):
+            return True
+        if _fresh_result(target):
+            continue
+        if target.overloadpacket.__name__ in _UNANNOTATED_WRITERS or target.overloadpacket.__name__ in ("set_", "set"):
+            return True
+        schema = target._schema
+        for i, arg in enumerate(schema.arguments):
+            value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+            if arg.alias_info is not None and arg.alias_info.is_write and touched(value):
+                return True
+        if not schema.is_mutable:
             maybe.add(n)
     return False
+
+
+class GraphWritesInput(AsdError):
+    """The products' recorded graph may write into the point it is given (see :func:`_may_write`):
+    the operator evaluates ``f`` on a copy made inside its call from then on."""
 
 
 def _layouts_hold(graph) -> bool:
@@ -446,6 +511,14 @@ class Tracing:
                 graph = self._record(make_fx, fn, x, seeds)
                 recorded = True  # a failure from here on is asd's or the compiler's, not f's
                 self.draws = _draws(graph)
+                if isinstance(graph, torch.fx.GraphModule) and _may_write(graph, None):
+                    # f writes into its input where no version counter sees it: never replayed
+                    self.disabled = self.unrecordable = True
+                    self.error = "the recorded graph may write into its inputs"
+                    _set_rng_state(x, rng)
+                    if _may_write(graph, 1):
+                        raise GraphWritesInput(self.error)
+                    return None
                 self.input_free[key] = _input_free(graph)  # (asd's graph passes write fresh buffers only)
                 # the compiled products are never compared bit for bit again: the recording is, here
                 if self.compile and _agrees(graph, fn, x, seeds, rng if self.draws else None) is None:
@@ -470,6 +543,8 @@ class Tracing:
                     _set_rng_state(x, rng)
                 out = graph(x, seeds)
             except Exception as exc:  # noqa: BLE001 - not traceable: keep the transforms
+                if isinstance(exc, GraphWritesInput):
+                    raise
                 _set_rng_state(x, rng)  # the transforms evaluate this call: the draws of an unrecorded one
                 self.error = _reason(exc)
                 if not recorded:

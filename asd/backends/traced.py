@@ -240,7 +240,8 @@ _FRESH_RESULTS = frozenset({
     "_native_batch_norm_legit_no_training", "native_batch_norm_backward", "max_pool2d_with_indices",
     "max_pool2d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward", "_adaptive_avg_pool2d",
     "_adaptive_avg_pool2d_backward", "mse_loss", "mse_loss_backward", "nll_loss_forward", "nll_loss_backward",
-    "_cdist_forward", "_cdist_backward", "im2col", "col2im", "cumsum", "logsumexp", "linalg_cross"})
+    "_cdist_forward", "_cdist_backward", "im2col", "col2im", "cumsum", "logsumexp", "linalg_cross",
+    "_new_zeros_with_same_feature_meta"})
 
 
 def _fresh_result(target) -> bool:
@@ -255,98 +256,83 @@ def _fresh_result(target) -> bool:
     return torch.Tag.pointwise in target.tags or name in _FRESH_RESULTS
 
 
-def _input_free(graph) -> bool:
-    """Whether a recorded graph neither writes into its first input (the point ``x``) nor returns
-    memory of it: then its replay may read the caller's tensor instead of a private copy.
-
-    Schemas do not say everything (``unsafe_chunk`` returns memory of its input unannotated,
-    ``native_batch_norm`` writes its running statistics unannotated), so an operator that reads
-    the point, or memory that may be the point's, must be one of: known to return a new tensor of
-    its own without writing (:func:`_fresh_result`); a view (every result annotated as an alias,
-    nothing written), whose results may be the point's memory; a pointwise operator writing in
-    place into memory that is not the point's; or ``getitem`` of a view's list. Anything else, or
-    an output that may be the point's memory, answers ``False``."""
-    if not isinstance(graph, torch.fx.GraphModule):
-        return False
-    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
-    if not placeholders:
-        return False
-    maybe = {placeholders[0]}  # the nodes whose memory may be the point's
-
-    def touched(value) -> bool:
-        return any(isinstance(a, torch.fx.Node) and a in maybe for a in tree_flatten(value)[0])
-
-    for n in graph.graph.nodes:
-        if n.op in ("placeholder", "get_attr"):
-            continue
-        if n.op == "output":
-            return not touched(n.args)
-        if n.op != "call_function":
-            return False
-        if not touched((n.args, n.kwargs)):
-            continue
-        target = n.target
-        if target is operator.getitem:
-            maybe.add(n)
-            continue
-        if not isinstance(target, torch._ops.OpOverload):
-            return False
-        if _fresh_result(target):
-            continue
-        schema = target._schema
-        if not schema.is_mutable:
-            if not schema.returns or any(r.alias_info is None for r in schema.returns):
-                return False  # not known to allocate, not a view: it may return or write anything
-            maybe.add(n)  # a view of the point (or possibly one)
-            continue
-        if torch.Tag.pointwise not in target.tags:
-            return False
-        for i, arg in enumerate(schema.arguments):
-            value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
-            if arg.alias_info is not None and arg.alias_info.is_write and touched(value):
-                return False
-    return False
-
-
 #: operators that write into arguments their schema does not annotate as written
 _UNANNOTATED_WRITERS = frozenset({"native_batch_norm", "_batch_norm_impl_index", "cudnn_batch_norm",
                                   "miopen_batch_norm"})
 
 
-def _may_write(graph, placeholders: int | None) -> bool:
-    """Whether a recorded graph may write into the memory of its first ``placeholders`` inputs
-    (``None``: all of them), the point's and the seeds'. A function that writes into its input
-    through memory PyTorch does not count as a view of it (``torch.unsafe_chunk(z, 2)[0].clamp_()``)
-    moves no version counter: the recorded graph then writes into the operator's own buffers at
-    every replay. Every result of an operator reading such memory may be such memory too, unless
-    the operator is known to return a new tensor of its own (:func:`_fresh_result`)."""
-    inputs = [n for n in graph.graph.nodes if n.op == "placeholder"]
-    maybe = set(inputs if placeholders is None else inputs[:placeholders])
+def _reaches(graph, inputs: int | None, strict: bool) -> str:
+    """How a recorded graph reaches the memory of its first ``inputs`` inputs (``None``: all):
+    ``"written"`` (an operator may write into it), ``"returned"`` (an output may be it),
+    ``"opaque"`` (an operator reading it that is not an ATen operator; with ``strict``, also one
+    neither known to allocate nor a view nor a pointwise in-place write into other memory), or
+    ``"read"``. Schemas do not say everything (``unsafe_chunk`` returns memory of its input
+    unannotated, ``native_batch_norm`` writes its running statistics unannotated). With
+    ``strict`` (handing the caller's tensor over) every result of an operator reading such memory
+    may be such memory too, unless the operator is known to return a new tensor of its own
+    (:func:`_fresh_result`); without (whether a recording may be replayed at all) only views and
+    the operators :func:`_aliases_unannotated` names are followed, so that an allocating operator
+    missing from the list costs no recording."""
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    if not placeholders:
+        return "opaque"
+    maybe = set(placeholders if inputs is None else placeholders[:inputs])
 
     def touched(value) -> bool:
         return any(isinstance(a, torch.fx.Node) and a in maybe for a in tree_flatten(value)[0])
 
     for n in graph.graph.nodes:
-        if n.op != "call_function" or not touched((n.args, n.kwargs)):
+        if n.op == "output":
+            return "returned" if touched(n.args) else "read"
+        if n.op in ("placeholder", "get_attr") or not touched((n.args, n.kwargs)):
             continue
         target = n.target
         if target is operator.getitem:
-            maybe.add(n)
+            maybe.add(n)  # an element of a view's list (unbind, split)
             continue
-        if not isinstance(target, torch._ops.OpOverload):
-            return True
+        if n.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            return "opaque"
         if _fresh_result(target):
             continue
-        if target.overloadpacket.__name__ in _UNANNOTATED_WRITERS or target.overloadpacket.__name__ in ("set_", "set"):
-            return True
-        schema = target._schema
+        name, schema = target.overloadpacket.__name__, target._schema
+        if name in _UNANNOTATED_WRITERS or name in ("set_", "set"):
+            return "written"
         for i, arg in enumerate(schema.arguments):
             value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
             if arg.alias_info is not None and arg.alias_info.is_write and touched(value):
-                return True
-        if not schema.is_mutable:
-            maybe.add(n)
-    return False
+                return "written"
+        if schema.is_mutable:
+            if strict and torch.Tag.pointwise not in target.tags:
+                return "opaque"
+            continue
+        if not schema.returns or any(r.alias_info is None for r in schema.returns):
+            if strict:
+                return "opaque"
+            if not _aliases_unannotated(name):
+                continue  # read as allocating (the recording's reading: no write seen, no replay lost)
+        maybe.add(n)  # a view of such memory (or possibly one)
+    return "read"
+
+
+def _aliases_unannotated(name: str) -> bool:
+    """Whether an operator (packet name) may return memory of its input without an alias
+    annotation: the ``unsafe`` views and splits (not the ``_unsafe_index`` gathers) and ``lift``."""
+    return name == "lift" or ("unsafe" in name and not name.startswith(("_unsafe_index", "_unsafe_masked_index")))
+
+
+def _input_free(graph) -> bool:
+    """Whether a recorded graph neither writes into its first input (the point ``x``) nor returns
+    memory of it, read strictly (:func:`_reaches`): then its replay may read the caller's tensor
+    instead of a private copy."""
+    return isinstance(graph, torch.fx.GraphModule) and _reaches(graph, 1, strict=True) == "read"
+
+
+def _may_write(graph, inputs: int | None) -> bool:
+    """Whether a recorded graph may write into the memory of its first ``inputs`` inputs (``None``:
+    all of them), the point's and the seeds'. A function that writes into its input through memory
+    PyTorch does not count as a view of it (``torch.unsafe_chunk(z, 2)[0].clamp_()``) moves no
+    version counter: the recorded graph would write into the operator's own buffers at every replay."""
+    return _reaches(graph, inputs, strict=False) in ("written", "opaque")
 
 
 class GraphWritesInput(AsdError):

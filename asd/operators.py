@@ -270,7 +270,6 @@ class _SparseOperator:
     #: what the lean path of a repeated call needs (:meth:`_steady_plan`), or ``None``
     _steady: tuple | None = None
 
-
     _what = "this operator"
     pattern: SparsityPattern
 

@@ -38,6 +38,10 @@ def csr(op, values: torch.Tensor) -> sp.csr_array:
     return sp.csr_array((values.detach().cpu().numpy(), P.indices.copy(), P.indptr.copy()), shape=P.shape)
 
 
+def _layout(a: np.ndarray) -> tuple:
+    return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype
+
+
 def numpy_arguments(device="cpu") -> Callable:
     """A converter of SciPy's extra arguments to what a PyTorch ``f`` takes: a numpy array as a
     tensor on ``device``, a numpy float as a float, anything else as it is. A tensor that shares the
@@ -49,11 +53,13 @@ def numpy_arguments(device="cpu") -> Callable:
     def convert(a):
         if isinstance(a, np.ndarray):
             hit = seen.get(id(a))
-            if hit is not None and hit[0] is a:  # (the array is kept: its id is not reused meanwhile)
+            # the array is kept (its id is not reused meanwhile); what it stands for is checked: its
+            # memory, shape, strides and dtype can change in place (a.shape = ..., a.dtype = ...)
+            if hit is not None and hit[0] is a and hit[2] == _layout(a):
                 return hit[1]
             t = torch.as_tensor(a, device=device)
             if t.device.type == "cpu" and np.may_share_memory(a, t.numpy()):
-                seen[id(a)] = (a, t)
+                seen[id(a)] = (a, t, _layout(a))
             return t
         return float(a) if isinstance(a, np.floating) else a
     return convert

@@ -354,29 +354,6 @@ def _drawing(n):
     return f
 
 
-@pytest.mark.parametrize("mode", ["reverse", "forward"])
-def test_cuda_draws_are_those_of_an_unrecorded_call(mode):
-    """Over the calls before, at and after the recording of the products, every call's Jacobian
-    is that of one evaluation of ``f`` from the CUDA generator's state at the call, and leaves the
-    generator where that evaluation leaves it."""
-    from asd.backends import traced
-
-    n = 10
-    f = _drawing(n)
-    x = torch.rand(n, dtype=F64, device=CUDA)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # forward mode may fall back to reverse with a warning
-        op = asd.prepare_jacobian(f, x, mode=mode)
-        for i in range(traced.CALLS_BEFORE_TRACING + 10):
-            torch.manual_seed(i)
-            got = op(x).to_dense()
-            after = torch.cuda.get_rng_state()
-            torch.manual_seed(i)
-            want = torch.func.jacrev(f)(x)
-            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=f"call {i}")
-            assert torch.equal(torch.cuda.get_rng_state(), after), f"call {i}"
-
-
 def test_cuda_draws_in_the_autograd_loop():
     """The forward-mode loop evaluates ``f`` once per seed: each evaluation draws the same CUDA
     numbers, and the call leaves the generator where one evaluation does."""

@@ -168,20 +168,27 @@ def test_a_refused_recording_leaves_the_draws_of_an_unrecorded_call():
     assert _tracing(op).disabled  # float(w.sum()) refuses the recording
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("mode", ["reverse", "forward"])
-def test_the_recording_call_draws_what_an_unrecorded_call_draws(mode):
+def test_the_recording_call_draws_what_an_unrecorded_call_draws(mode, device):
+    """Before, at and after the recording of the products, every call's Jacobian is that of one
+    evaluation of ``f`` from the generator's state at the call, and leaves the generator where that
+    evaluation leaves it (the CPU's, or the CUDA device's)."""
     n = 10
+    state = torch.cuda.get_rng_state if device == "cuda" else torch.get_rng_state
 
     def f(x):
-        return x * x * torch.rand(n, dtype=torch.float64) + torch.roll(x, 1)
+        return x * x * torch.rand(n, dtype=torch.float64, device=x.device) + torch.roll(x, 1)
 
-    x = torch.rand(n, dtype=torch.float64)
+    x = torch.rand(n, dtype=torch.float64, device=device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # forward mode may fall back to reverse with a warning
         op = asd.prepare_jacobian(f, x, mode=mode)
         for i in range(traced.CALLS_BEFORE_TRACING + 10):
             torch.manual_seed(i)
             got = op(x).to_dense()
+            after = state()
             torch.manual_seed(i)
             want = torch.func.jacrev(f)(x)
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=f"call {i}")
+            assert torch.equal(state(), after), f"call {i}"

@@ -346,3 +346,19 @@ def test_numpy_arguments_reuse_only_a_tensor_that_shares_the_arrays_memory():
     assert float(cpu(a)[0]) == 7.0
     copying = numpy_arguments("meta")  # a device the array's memory is not on (as a GPU's)
     assert copying(a) is not copying(a)
+
+
+def test_numpy_arguments_follow_an_array_reshaped_or_retyped_in_place():
+    """Reviewer's read: the tensor kept by the array's identity stood for its memory, shape and
+    dtype at the first call; numpy changes those in place (``a.shape = ...``, ``a.dtype = ...``)."""
+    import numpy as np
+
+    from asd.scipy import numpy_arguments
+
+    a = np.arange(6.0)
+    cpu = numpy_arguments("cpu")
+    assert tuple(cpu(a).shape) == (6,)
+    a.shape = (2, 3)
+    assert tuple(cpu(a).shape) == (2, 3)
+    a.dtype = np.int64  # the same bytes read as integers
+    assert cpu(a).dtype == torch.int64 and torch.equal(cpu(a), torch.from_numpy(a))

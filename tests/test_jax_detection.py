@@ -17,35 +17,32 @@ import asd.jax as aj  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
-def dense_jac(f, x, points=2, seed=0):
-    rng = np.random.default_rng(seed)
-    out = None
-    for k in range(points):
-        xp = x if k == 0 else x + jnp.asarray(rng.standard_normal(x.shape))
-        flat = lambda z: jnp.ravel(f(z))  # noqa: E731
+def _nonzeros(transforms, x, size, points, seed):
+    """Where the first of ``transforms`` that applies (each a jitted dense derivative: one
+    compilation for every point, instead of one per primitive and point eagerly) is nonzero at
+    ``x`` or at any of ``points - 1`` random points near it."""
+    for k, transform in enumerate(transforms):
+        d = jax.jit(transform)
         try:
-            y = jax.jacfwd(flat)(xp)
-        except TypeError:  # custom_vjp functions have no forward mode
-            y = jax.jacrev(flat)(xp)
-        nz = np.asarray(y).reshape(-1, x.size) != 0
-        out = nz if out is None else out | nz
+            first = d(x)
+            break
+        except (TypeError, ValueError):  # custom_vjp: no forward mode; while loops: no reverse mode
+            if k == len(transforms) - 1:
+                raise
+    rng = np.random.default_rng(seed)
+    out = np.asarray(first).reshape(size, x.size) != 0
+    for _ in range(points - 1):
+        out |= np.asarray(d(x + jnp.asarray(rng.standard_normal(x.shape)))).reshape(size, x.size) != 0
     return out
+
+
+def dense_jac(f, x, points=2, seed=0):
+    flat = lambda z: jnp.ravel(f(z))  # noqa: E731
+    return _nonzeros([jax.jacfwd(flat), jax.jacrev(flat)], x, int(np.size(jax.eval_shape(flat, x))), points, seed)
 
 
 def dense_hess(f, x, points=2, seed=0):
-    rng = np.random.default_rng(seed)
-    out = None
-    for k in range(points):
-        xp = x if k == 0 else x + jnp.asarray(rng.standard_normal(x.shape))
-        try:
-            H = jax.hessian(f)(xp)
-        except TypeError:  # custom_vjp functions have no forward mode
-            H = jax.jacrev(jax.jacrev(f))(xp)
-        except ValueError:  # while loops have no reverse mode
-            H = jax.jacfwd(jax.jacfwd(f))(xp)
-        nz = np.asarray(H).reshape(x.size, x.size) != 0
-        out = nz if out is None else out | nz
-    return out
+    return _nonzeros([jax.hessian(f), jax.jacrev(jax.jacrev(f)), jax.jacfwd(jax.jacfwd(f))], x, x.size, points, seed)
 
 
 def check(f, x, exact=True, local=False):

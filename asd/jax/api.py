@@ -25,17 +25,25 @@ def sparse_jacobian(f: Callable, x, *, mode: str = "auto", **options):
     """The Jacobian of ``f`` at ``x`` as ``jax.experimental.sparse.BCSR`` of shape
     ``(f(x).size, x.size)``: detection, coloring and one compressed evaluation. To evaluate
     repeatedly, prepare once with :func:`prepare_jacobian` and call the operator."""
-    return SparseJacobian(f, x, mode=mode, **options)(x)
+    return SparseJacobian(f, x, mode=mode, **options)(_array(x))
 
 
 def sparse_hessian(f: Callable, x, **options):
     """The Hessian of the scalar function ``f`` at ``x`` as ``BCSR`` of shape ``(x.size, x.size)``."""
-    return SparseHessian(f, x, **options)(x)
+    return SparseHessian(f, x, **options)(_array(x))
 
 
 def gradient_and_hessian(f: Callable, x, **options):
     """``(f(x), grad f(x), Hessian as BCSR)`` from one compressed forward-over-reverse evaluation."""
-    return SparseHessian(f, x, **options).value_grad_hessian(x)
+    return SparseHessian(f, x, **options).value_grad_hessian(_array(x))
+
+
+def _array(x):
+    """``x`` as the operator was prepared for it: a numpy array becomes the JAX array it stands for
+    (float32 where JAX's 64-bit mode is off)."""
+    import jax.numpy as jnp
+
+    return jnp.asarray(x)
 
 
 def to_scipy(M) -> sp.csr_array:
@@ -45,5 +53,5 @@ def to_scipy(M) -> sp.csr_array:
 
     if not isinstance(M, jsparse.BCSR) or M.n_batch or M.n_dense or len(M.shape) != 2:
         raise InputError(f"to_scipy expects a 2-D jax.experimental.sparse.BCSR matrix, got {type(M).__name__}")
-    return sp.csr_array((np.asarray(M.data), np.asarray(M.indices).astype(np.int64),
+    return sp.csr_array((np.array(M.data), np.asarray(M.indices).astype(np.int64),
                          np.asarray(M.indptr).astype(np.int64)), shape=tuple(M.shape))

@@ -41,6 +41,27 @@ def _device_of(x):
     return next(iter(devs())) if callable(devs) else jax.devices()[0]
 
 
+def _frozen(f: Callable, x) -> tuple[Callable, object]:
+    """``f`` as it stands at preparation, and the shape of its output: its jaxpr at ``x``'s shape and
+    dtype, evaluated with copies of the values it captures. Every later trace of the operator's
+    functions (a jitted call traced again for a committed or weakly typed input, the first
+    :meth:`SparseHessian.value_grad_hessian`, the check's product) then evaluates the function the
+    pattern was detected for, never what its closure holds by then: a rebound global, or a numpy
+    array changed in place, which JAX's constants may alias (both found by an adversarial review)."""
+    from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+
+    closed, out_shape = jax.make_jaxpr(f, return_shape=True)(x)
+    consts = [np.copy(c, subok=True) if isinstance(c, np.ndarray) else jnp.array(c, copy=True)
+              if isinstance(c, jax.Array) else c for c in closed.consts]
+    run = jaxpr_as_fun(ClosedJaxpr(closed.jaxpr, consts))
+    tree = jax.tree_util.tree_structure(out_shape)
+
+    def frozen(v):
+        return jax.tree_util.tree_unflatten(tree, run(v))
+
+    return frozen, out_shape
+
+
 def _check_batch_size(batch_size) -> int | None:
     if batch_size is None:
         return None
@@ -79,6 +100,11 @@ class _SparseOperator:
         """Raise :class:`asd.errors.CheckError` unless the values times the probe's vector match the
         independent product at ``x``, row by row at each row's own scale (a NaN or infinite entry
         of the independent product is passed over: a formula may fail where the values are finite)."""
+        if isinstance(values, jax.core.Tracer) or isinstance(x, jax.core.Tracer):
+            raise InputError(f"{self._what} checks every call (check=True, the default with local=True or pattern=): "
+                             "the check compares concrete values, so it cannot run under jax.jit, vmap or grad. "
+                             "Prepare the operator with check=False to call it inside a transformation, or call it "
+                             "outside")
         product, v, transpose = self._probe
         ref = product(x, v)
         ref_dtype = ref.dtype
@@ -150,10 +176,8 @@ class _SparseOperator:
         self._values = jax.jit(self._bound(values, constants, self._seeds, self._dec_arrays))
 
     def _compile_now(self, x) -> None:
-        """Compile the values at the prepared point, as detection just traced ``f``: until its first
-        call a jitted function reads what ``f`` captures (a numpy array, aliased by JAX's constant)
-        anew, so a first call after the array changed paired its new values with the old pattern
-        (found by an adversarial review). Later changes are not seen, as with any jitted function."""
+        """Compile the values at the prepared point, so that preparing pays the compile time (the
+        operator's functions evaluate ``f`` as it stood at preparation: see :func:`_frozen`)."""
         jax.block_until_ready(self._values(x, *self._args))
 
     @staticmethod
@@ -250,7 +274,7 @@ class SparseJacobian(_SparseOperator):
             raise InputError(f"a Jacobian coloring must be one of {JACOBIAN_COLORINGS}, got {coloring!r}")
         batch_size = _check_batch_size(batch_size)
         x = jnp.asarray(x)
-        y = jax.eval_shape(f, x)
+        f, y = _frozen(f, x)
         if not hasattr(y, "shape"):
             raise InputError(f"f must return one array, got {type(y).__name__}")
         self.out_shape = tuple(y.shape)
@@ -322,6 +346,8 @@ def _has_reverse_mode(f: Callable, x) -> bool:
         jax.eval_shape(lambda v: jax.vjp(f, v)[1](jnp.zeros_like(f(v)))[0], x)
     except ValueError as exc:
         return "Reverse-mode differentiation does not work" not in str(exc)
+    except NotImplementedError:  # a primitive without a transpose rule (select_and_gather_add, ...)
+        return False
     except Exception:  # noqa: BLE001 - anything else is f's own error, which the evaluation reports
         return True
     return True
@@ -371,6 +397,10 @@ class SparseHessian(_SparseOperator):
         batch_size = _check_batch_size(batch_size)
         x = jnp.asarray(x)
         n = x.size
+        f, y = _frozen(f, x)
+        leaves = jax.tree_util.tree_leaves(y)
+        if len(leaves) != 1 or int(np.prod(leaves[0].shape, dtype=np.int64)) != 1:
+            raise InputError(f"f must return one array with one element (a scalar), got {y}")
 
         def conform(P: SparsityPattern) -> SparsityPattern:
             if P.shape != (n, n):
@@ -385,7 +415,7 @@ class SparseHessian(_SparseOperator):
         shape = self.shape
 
         def g(v):
-            return jnp.reshape(f(v.reshape(shape)), ())
+            return jnp.reshape(jax.tree_util.tree_leaves(f(v.reshape(shape)))[0], ())
 
         self._g = g
         self._batch_size = batch_size
@@ -414,7 +444,7 @@ class SparseHessian(_SparseOperator):
             self._rechoose = None
             return self.ncolors
 
-        switched = judge_substitution(self.coloring.plan, self.coloring.pattern, torch.from_numpy(np.asarray(values)),
+        switched = judge_substitution(self.coloring.plan, self.coloring.pattern, torch.from_numpy(np.array(values)),
                                       self.ncolors, None if self._rechoose is None else recolor, stacklevel=4)
         self._screened = True
         return switched

@@ -22,7 +22,8 @@ ZERO_OPS = ("sign", "floor", "ceil", "round", "is_finite", "eq", "ne", "lt", "le
             "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count", "clz",
             "stop_gradient", "nextafter", "iota", "random_bits", "random_seed", "random_wrap", "random_unwrap",
             "rng_bit_generator", "rng_uniform", "argmax", "argmin", "reduce_and", "reduce_or", "reduce_xor",
-            "bitcast_convert_type", "eq_to", "lt_to", "le_to", "zeros_like", "platform_index", "empty")
+            "bitcast_convert_type", "eq_to", "lt_to", "le_to", "zeros_like", "platform_index", "empty",
+            "empty2")
 
 
 def union_of_operands(ctx, which=None):

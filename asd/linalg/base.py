@@ -43,23 +43,35 @@ class SingularMatrixError(InputError):
 
 @dataclass(frozen=True)
 class SolveInfo:
-    """How a solve ended.  Solvers report, they don't throw: a Krylov solve that stops short of
-    its tolerance returns its best iterate, ``converged=False`` and a
+    """How a solve ended.  Solvers report, they don't throw: a solve that stops short of its
+    stopping rule returns its best iterate, ``converged=False`` and a
     :class:`~asd.errors.ConvergenceWarning`.
+
+    The stopping rules, per right-hand side:
+
+    * Krylov solvers: ``||b - op(A) x|| <= max(rtol ||b||, atol)``.
+    * :class:`~asd.linalg.LSMR` also converges on a least-squares solution to working precision,
+      ``||A^T r|| <= 100 eps ||A||_F (||r|| + ||b||)``, once its iteration has stalled there (its
+      residual may then exceed the tolerance: the system is inconsistent, or numerically
+      singular).
+    * Direct solvers: ``||b - op(A) x|| <= eps^(1/4) ||b||`` (``eps`` of the dtype): a larger
+      residual means A is numerically singular or too ill-conditioned for the dtype (a
+      backward-stable solve leaves at most ``eps cond(A) ||b||``: this flags ``cond(A)`` beyond
+      about ``1e5`` in float32 and ``5e11`` in float64, and a singular A with ``b`` outside its range).
 
     Attributes
     ----------
     solver : str
         The solver's class name (``"LU"``, ``"CG"``, ...).
     converged : bool
-        Every right-hand side met the stopping rule.
+        Every right-hand side met its stopping rule.
     iterations : int
         The largest iteration count over right-hand sides (0 for direct solvers).
     residual : float
         The largest final residual norm ``||b - op(A) x||`` over right-hand sides.
     tolerance : float
-        The largest tolerance ``max(rtol ||b||, atol)`` over right-hand sides (NaN for direct
-        solvers, which have none).
+        The largest residual tolerance over right-hand sides: ``max(rtol ||b||, atol)``, or
+        ``eps^(1/4) ||b||`` for direct solvers.
     per_column : tuple
         ``(converged, iterations, residual)`` for each right-hand side.
 
@@ -141,6 +153,19 @@ def check_count(value, name: str, *, allow_none: bool = False) -> None:
         raise InputError(f"{name} must be a positive integer, got {value!r}")
 
 
+def check_finite_matrix(vals: torch.Tensor, name: str = "A") -> None:
+    """Raise :class:`asd.InputError` if a matrix's stored values hold a NaN or inf (one read-back;
+    nothing on meta)."""
+    if not all_finite(vals.detach()):
+        raise InputError(f"{name} has NaN or inf among its stored values; a solve needs finite {name}")
+
+
+def check_finite_rhs(b: torch.Tensor, name: str = "b") -> None:
+    """Raise :class:`asd.InputError` if a right-hand side holds a NaN or inf."""
+    if not all_finite(b.detach()):
+        raise InputError(f"{name} contains NaN or inf; the right-hand side of a solve must be finite")
+
+
 def check_tolerance(value, name: str, *, below_one: bool) -> None:
     """``value`` is a finite non-negative number (below 1 for a relative tolerance)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
@@ -154,6 +179,7 @@ class Solver(ABC):
     """Interface of the sparse linear solvers (immutable; subclasses are frozen dataclasses)."""
 
     least_squares: ClassVar[bool] = False     # accepts rectangular A (minimum-norm least squares)
+    remedy: ClassVar[str] = "raise maxiter, loosen rtol/atol or pass a preconditioner"
 
     @property
     def name(self) -> str:
@@ -177,8 +203,7 @@ class Solver(ABC):
         if P.n != P.m and not self.least_squares:
             raise InputError(f"A must be square for {self.name}(), got shape {P.shape}; for a "
                              f"least-squares solution use asd.linalg.LSMR()")
-        if not all_finite(vals.detach()):
-            raise InputError("A has NaN or inf among its stored values; a solve needs finite A")
+        check_finite_matrix(vals)
         state = self._prepare(P, vals)
         stored = _stored_values(A)
         snapshot = None if stored.is_meta else stored.clone()
@@ -242,8 +267,7 @@ def apply_solve(state: SolverState, vals: torch.Tensor, b: torch.Tensor,
     check_dense(b, "b", P, n_b, what="rhs")
     check_dtypes(vals, b)
     Bm, layout = to_columns(b, P, n_b, "b")
-    if not all_finite(b.detach()):
-        raise InputError("b contains NaN or inf; the right-hand side of a solve must be finite")
+    check_finite_rhs(b)
     X0 = None
     if x0 is not None:
         check_dense(x0, "x0", P, n_x, what="rhs")
@@ -267,13 +291,12 @@ def _run_columns(state: SolverState, Bm: torch.Tensor, X0: Optional[torch.Tensor
     return state.solver._run(state, Bm, X0)
 
 
-def _report(info: SolveInfo, warn: bool, adjoint: bool, meta: bool) -> None:
+def _report(info: SolveInfo, remedy: str, warn: bool, adjoint: bool, meta: bool) -> None:
     if warn and not info.converged and not meta:
         what = "adjoint (backward) solve" if adjoint else "solve"
         warnings.warn(ConvergenceWarning(
             f"{info.solver} {what} did not converge: {info.iterations} iterations, residual norm "
-            f"{info.residual:.3e} > tolerance {info.tolerance:.3e}; raise maxiter, loosen "
-            f"rtol/atol or pass a preconditioner"), stacklevel=5)
+            f"{info.residual:.3e} > tolerance {info.tolerance:.3e}; {remedy}"), stacklevel=5)
 
 
 class _ImplicitSolve(torch.autograd.Function):
@@ -282,7 +305,7 @@ class _ImplicitSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx, vals, Bm, state, X0, warn, out):
         X, info = _run_columns(state, Bm.detach(), X0)
-        _report(info, warn, adjoint=out is None, meta=is_meta(X))
+        _report(info, state.solver.remedy, warn, adjoint=out is None, meta=is_meta(X))
         if out is not None:
             out.append(info)
         ctx.state, ctx.warn = state, warn
@@ -300,7 +323,7 @@ class _ImplicitSolve(torch.autograd.Function):
             if graph:
                 return _ImplicitSolve.apply(vals, rhs, s, None, ctx.warn, None)
             Y, info = _run_columns(s, rhs.detach(), None)
-            _report(info, ctx.warn, adjoint=True, meta=is_meta(Y))
+            _report(info, s.solver.remedy, ctx.warn, adjoint=True, meta=is_meta(Y))
             return Y
 
         def op(Y: torch.Tensor, transposed: bool) -> torch.Tensor:

@@ -6,6 +6,12 @@ and diagonal pivots only, which for a symmetric matrix is its LDL^T factorizatio
 A symmetric matrix is positive definite exactly when every pivot ``D_kk`` is positive, so the
 factorization doubles as the SPD check.
 
+A factorization of a numerically singular A can still go through, on a pivot that is rounding
+noise, and give a backward-stable ``x`` of norm ``~1/eps`` that solves nothing: a direct solve is
+therefore judged by its residual, ``converged`` when ``||b - op(A) x|| <= eps^(1/4) ||b||``
+(:func:`residual_tolerance`), and reported (``converged=False`` and a
+:class:`~asd.errors.ConvergenceWarning`) otherwise.
+
 Factorizations run on the host: off the CPU, A and each right-hand side are copied there and the
 solution back (a :class:`~asd.errors.HostFallbackWarning`, once).  On ``meta`` nothing is
 factorized and solves return shape-only results.
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 import torch
@@ -27,6 +33,20 @@ from asd.linalg.base import SingularMatrixError, SolveInfo, Solver, SolverState,
 
 __all__ = ["LU", "Cholesky", "DirectState"]
 
+PIVOT_FACTOR = 100.0
+"""A Cholesky pivot below ``PIVOT_FACTOR * eps`` times its diagonal entry is rounding noise."""
+
+
+def residual_tolerance(Bm: torch.Tensor) -> list[float]:
+    """``eps^(1/4) ||b||`` per column: the residual above which a direct solve is unreliable.
+
+    A backward-stable solve leaves ``||b - A x|| <= eps cond(A) ||b||`` (roughly), so a system the
+    dtype resolves (``cond(A)`` up to about ``1e5`` in float32, ``5e11`` in float64) stays below; a
+    singular one leaves the part of ``b`` outside A's range, ``O(||b||)``.
+    """
+    eps = torch.finfo(Bm.dtype).eps
+    return [eps ** 0.25 * n for n in torch.linalg.vector_norm(Bm, dim=0).tolist()]
+
 
 @dataclass(frozen=True, eq=False)
 class DirectState(SolverState):
@@ -37,6 +57,9 @@ class DirectState(SolverState):
 
 
 class _Direct(Solver):
+    remedy: ClassVar[str] = ("A is numerically singular or too ill-conditioned for its dtype; for a "
+                             "least-squares solution use asd.linalg.LSMR()")
+
     def _prepare(self, P: Pattern, vals: torch.Tensor) -> DirectState:
         if vals.dtype not in (torch.float32, torch.float64):
             raise InputError(f"direct solves need float32 or float64 values, got {vals.dtype}")
@@ -72,8 +95,9 @@ class _Direct(Solver):
             raise SingularMatrixError("A is numerically singular: the direct solve produced "
                                       "non-finite values")
         res = residual_norms(state, Bm, X)
-        per = tuple((True, 0, r) for r in res)
-        return X, SolveInfo(self.name, True, 0, max(res), float("nan"), per)
+        tol = residual_tolerance(Bm)
+        per = tuple((r <= t, 0, r) for r, t in zip(res, tol))
+        return X, SolveInfo(self.name, all(p[0] for p in per), 0, max(res), max(tol), per)
 
 
 @dataclass(frozen=True)
@@ -104,8 +128,9 @@ class Cholesky(_Direct):
     """Factorization of a symmetric positive definite A (SuperLU LDL^T with diagonal pivots).
 
     ``init`` raises :class:`~asd.linalg.SingularMatrixError` when A is not symmetric positive
-    definite (naming the first non-positive pivot), :class:`~asd.errors.InputError` when A is not
-    symmetric.
+    definite to working precision (naming the first pivot that is not positive, or no larger than
+    ``100 eps`` times its diagonal entry: rounding noise of a singular A), and
+    :class:`~asd.errors.InputError` when A is not symmetric.
     """
 
     def _factorize(self, A):
@@ -133,4 +158,22 @@ class Cholesky(_Direct):
                 f"A is not positive definite: pivot {k} of its LDL^T factorization is "
                 f"{d[k]:.3e} <= 0 (at row {int(np.flatnonzero(lu.perm_c == k)[0])}); use asd.linalg.LU() or MINRES() "
                 f"for symmetric indefinite matrices")
+        _check_pivots(d, A.diagonal()[np.argsort(lu.perm_c)], lu.perm_c)
         return lu
+
+
+def _check_pivots(d: np.ndarray, diag: np.ndarray, perm: np.ndarray) -> None:
+    """Raise if a positive LDL^T pivot ``d_k`` is no larger than ``PIVOT_FACTOR eps`` times its
+    diagonal entry ``diag_k``: what a singular positive semidefinite A leaves in place of 0.
+
+    ``d_k >= lambda_min(A)`` and ``diag_k <= lambda_max(A)``, so such a pivot means
+    ``cond(A) >= 1 / (PIVOT_FACTOR eps)``.
+    """
+    small = np.flatnonzero(d <= PIVOT_FACTOR * np.finfo(d.dtype).eps * diag)
+    if small.size:
+        k = int(small[0])
+        raise SingularMatrixError(
+            f"A is numerically singular, so not positive definite: pivot {k} of its LDL^T "
+            f"factorization is {d[k]:.3e}, rounding noise next to its diagonal entry {diag[k]:.3e} "
+            f"(at row {int(np.flatnonzero(perm == k)[0])}); use asd.linalg.LSMR() for a "
+            f"least-squares solution, or regularize A")

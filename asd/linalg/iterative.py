@@ -5,11 +5,13 @@ scalars kept there and one convergence test (one host transfer) every ``check_ev
 iteration counts are therefore multiples of ``check_every`` (or ``maxiter``).  On ``meta``, where
 no test can be read, a solve runs one block (``min(check_every, maxiter)`` iterations): the
 shapes it propagates are those of any longer run.  The stopping rule
-is scipy's, per right-hand side: ``||b - op(A) x|| <= max(rtol ||b||, atol)``.
+is scipy's, per right-hand side: ``||b - op(A) x|| <= max(rtol ||b||, atol)``; :class:`LSMR` also
+converges on a least-squares solution to working precision.
 """
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Optional, Union
@@ -30,12 +32,14 @@ Op = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True, eq=False)
 class KrylovState(SolverState):
-    """A's operator and the prepared preconditioner ``precond(r, transposed)`` (or ``None``)."""
+    """A's operator, the prepared preconditioner ``precond(r, transposed)`` (or ``None``) and
+    ``norm``, A's Frobenius norm where the solver's stopping rule needs it (LSMR; else NaN)."""
 
     precond: Optional[Callable[[torch.Tensor, bool], torch.Tensor]] = None
+    norm: float = math.nan
 
 
-def _prepare_preconditioner(M: Preconditioner, P: Pattern):
+def _prepare_preconditioner(M: Preconditioner, P: Pattern, vals: torch.Tensor):
     if M is None:
         return None
     if isinstance(M, torch.Tensor):
@@ -45,12 +49,29 @@ def _prepare_preconditioner(M: Preconditioner, P: Pattern):
             raise InputError(f"preconditioner of shape {tuple(M.shape)} does not match A of shape "
                              f"{P.shape}")
         if vm.device != P.device:
-            raise InputError(f"preconditioner is on {vm.device} but A is on {P.device}")
+            raise InputError(f"preconditioner is on {vm.device} but A is on {P.device}; move it "
+                             f"with .to(A.device)")
+        if vm.dtype != vals.dtype:
+            raise InputError(f"preconditioner is {vm.dtype} but A is {vals.dtype}; cast it with "
+                             f".to(A.dtype)")
         return lambda r, t: K.spmm(PM, vm, r.reshape(-1, 1), t).reshape(-1)
     if callable(M):
-        return lambda r, t: M(r)
+        return lambda r, t: _checked_output(M(r), r)
     raise InputError(f"preconditioner must be a sparse tensor or a callable r -> M r, got "
                      f"{type(M).__name__}")
+
+
+def _checked_output(z, r: torch.Tensor) -> torch.Tensor:
+    """A callable preconditioner's ``z = M(r)``, which must be a tensor shaped like ``r``, of its
+    dtype and on its device."""
+    if (not isinstance(z, torch.Tensor) or z.shape != r.shape or z.dtype != r.dtype
+            or z.device != r.device):
+        got = (f"shape {tuple(z.shape)}, {z.dtype} on {z.device}" if isinstance(z, torch.Tensor)
+               else f"a {type(z).__name__}")
+        raise InputError(f"preconditioner must map the residual r (a torch.Tensor of shape "
+                         f"{tuple(r.shape)}, {r.dtype} on {r.device}) to M r of the same shape, "
+                         f"dtype and device, but returned {got}")
+    return z
 
 
 @dataclass(frozen=True)
@@ -70,10 +91,12 @@ class _Krylov(Solver):
         check_count(self.check_every, "check_every")
 
     def _prepare(self, P: Pattern, vals: torch.Tensor) -> KrylovState:
-        return KrylovState(self, P, vals, False, _prepare_preconditioner(self.preconditioner, P))
+        return KrylovState(self, P, vals, False,
+                           _prepare_preconditioner(self.preconditioner, P, vals))
 
     @abstractmethod
-    def _iterate(self, A: Op, AT: Op, b, x, tol: float, maxiter: int, M: Optional[Op]):
+    def _iterate(self, state: KrylovState, A: Op, AT: Op, b, x, tol: float, maxiter: int,
+                 M: Optional[Op]):
         """One right-hand side: ``(x, iterations, final residual norm, converged)``."""
 
     def _run(self, state: SolverState, Bm: torch.Tensor,
@@ -93,7 +116,7 @@ class _Krylov(Solver):
                 (bn,) = krylov.read_back(torch.linalg.vector_norm(b))
                 tol = max(self.rtol * bn, self.atol)
                 x = X0[:, c].clone() if X0 is not None else b.new_zeros(state.shape[1])
-                x, it, rn, ok = self._iterate(A, AT, b, x, tol, maxiter, M)
+                x, it, rn, ok = self._iterate(state, A, AT, b, x, tol, maxiter, M)
                 cols.append(x)
                 stats.append((ok, it, rn, tol))
         X = torch.stack(cols, 1)
@@ -114,7 +137,7 @@ class _SquareKrylov(_Krylov):
         """Extra keyword arguments of ``_iteration``."""
         return {}
 
-    def _iterate(self, A, AT, b, x, tol, maxiter, M):
+    def _iterate(self, state, A, AT, b, x, tol, maxiter, M):
         x, it, rn = self._iteration(A, b, x, tol, maxiter, M, self.check_every, **self._options())
         return x, it, rn, rn <= tol
 
@@ -160,17 +183,28 @@ class GMRES(_SquareKrylov):
 class LSMR(_Krylov):
     """LSMR for ``min ||A x - b||`` with any (square or rectangular) A, no preconditioner.
 
-    For a tall full-column-rank A this is the least-squares solution; for a wide full-row-rank A
-    (started from zero) the minimum-norm solution.  It converges when the residual reaches the
-    tolerance or, for inconsistent systems, when ``||A^T r|| <= rtol ||A|| ||r||``.
+    Started from zero, it gives the minimum-norm least-squares solution (for a rank-deficient A
+    too).  It converges when the residual reaches the tolerance,
+    ``||b - A x|| <= max(rtol ||b||, atol)``, or, for an inconsistent system, when the iteration
+    has stalled at a least-squares solution to working precision,
+    ``||A^T r|| <= 100 eps ||A||_F (||r|| + ||b||)``
+    (:func:`asd.linalg.krylov.least_squares_solved`).
+    ``rtol`` does not loosen that second test: ``||A^T r|| <= rtol ||A|| ||r||`` also holds for an
+    ill-conditioned consistent system far from solved, which converges on its residual only
+    (unless it is numerically singular).
     """
 
     least_squares: ClassVar[bool] = True
+    remedy: ClassVar[str] = "raise maxiter, loosen rtol/atol or scale the columns of A"
 
     def __post_init__(self):
         super().__post_init__()
         if self.preconditioner is not None:
             raise InputError("LSMR takes no preconditioner; scale the columns of A instead")
 
-    def _iterate(self, A, AT, b, x, tol, maxiter, M):
-        return krylov.lsmr(A, AT, b, x, tol, maxiter, self.rtol, self.check_every)
+    def _prepare(self, P: Pattern, vals: torch.Tensor) -> KrylovState:
+        (norm,) = krylov.read_back(torch.linalg.vector_norm(vals.detach()))
+        return KrylovState(self, P, vals, False, None, norm)
+
+    def _iterate(self, state, A, AT, b, x, tol, maxiter, M):
+        return krylov.lsmr(A, AT, b, x, tol, maxiter, self.check_every, state.norm)

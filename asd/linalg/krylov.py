@@ -9,7 +9,10 @@ The recurrence scalars stay on the operands' device as 0-d tensors: the loops re
 to the host except one convergence test every ``check_every`` iterations, so iteration counts are
 multiples of ``check_every`` (or ``maxiter``).  Divisions by a vanished quantity (a breakdown, or
 an exact solution reached inside a block) give zero instead of NaN, so the iterate stalls and the
-next test sees it.  The stopping rule is scipy's: ``||b - A x|| <= max(rtol * ||b||, atol)``.
+next test sees it; GMRES solves its small Hessenberg problem in the least-squares sense, so a
+singular A gives its best iterate rather than NaN.  The stopping rule is scipy's:
+``||b - A x|| <= max(rtol * ||b||, atol)``; LSMR also stops at a least-squares solution to working
+precision (:func:`least_squares_solved`).
 
 On ``meta`` there is nothing to read back: every read-back gives NaN (and False for flags), so no
 test passes and a loop runs to ``maxiter`` (which the solver objects cap at one block there).
@@ -239,21 +242,47 @@ def gmres(A: Op, b, x, tol: float, maxiter: int, M: Optional[Op], check_every: i
         # a happy breakdown (hn == 0) inside the block ends the Krylov space there
         zero = None if b.device.type == "meta" else (torch.stack(hns) == 0).nonzero()
         k = int(zero[0, 0]) + 1 if zero is not None and zero.numel() else len(hns)
-        yk = torch.linalg.solve_triangular(H[:k, :k], g[:k].unsqueeze(1), upper=True).squeeze(1)
+        # least squares, not a triangular solve: R is singular where A is on the Krylov space
+        yk = torch.linalg.pinv(H[:k, :k]) @ g[:k]
         upd = torch.stack(V[:k], 1) @ yk
         x = x + (M(upd) if M else upd)
 
 
-def lsmr(A: Op, AT: Op, b, x, tol: float, maxiter: int, rtol: float, check_every: int):
-    """LSMR of Fong and Saunders for ``min ||A x - b||`` (no damping).
+LSQ_FACTOR = 100.0
+"""``c`` of :func:`least_squares_solved`."""
 
-    Stops when the residual reaches ``tol`` or, for inconsistent systems, when
-    ``||A^T r|| <= rtol ||A|| ||r||`` (a least-squares solution); returns ``(x, iterations,
-    residual norm, converged)`` with ``converged`` true when either test passed.
+
+def least_squares_solved(ar: float, normA: float, rn: float, bn: float, eps: float) -> bool:
+    """Whether ``x`` solves ``min ||A x - b||`` to working precision: ``||A^T r|| <= c eps
+    ||A||_F (||r|| + ||b||)`` with ``c = LSQ_FACTOR`` (``ar``, ``rn``, ``bn``: the norms of
+    ``A^T r``, ``r`` and ``b``).
+
+    ``||A^T r|| / (||A|| ||r||)`` is the backward error of a least-squares solution (``x`` solves
+    the problem of a matrix ``A + E``, ``||E|| = ||A^T r|| / ||r||``); ``||b||`` adds the rounding
+    error of computing ``r``, below which no iterate can be told apart.  A consistent system
+    passes only once ``||r|| <~ c eps ||A||_F ||A^+|| ||b||``, the residual of a backward-stable
+    direct solve up to the factor ``c``.
     """
+    return ar <= LSQ_FACTOR * eps * normA * (rn + bn)
+
+
+def lsmr(A: Op, AT: Op, b, x, tol: float, maxiter: int, check_every: int, normA: float):
+    """LSMR of Fong and Saunders for ``min ||A x - b||`` (no damping; ``normA`` is ``||A||_F``).
+
+    Returns ``(x, iterations, residual norm, converged)``: converged when the residual reaches
+    ``tol``, or when the iteration has stopped at a least-squares solution to working precision
+    (:func:`least_squares_solved`).
+
+    The iteration stops, and its iterate is frozen, on the first iteration where the
+    recurrence's estimate ``|zetabar|`` of ``||A^T r||`` falls to the rounding level ``eps ||A||_F
+    ||b||``, or the bidiagonalization breaks down: past that point the iteration runs on
+    rounding errors (the Krylov space of a rank-deficient A is exhausted, say), and its steps can
+    grow without bound.
+    """
+    eps = torch.finfo(b.dtype).eps
     u = b - A(x)
     beta = _norm(u)
-    (rn,) = read_back(beta)
+    rn, bn = read_back(beta, _norm(b))
     if rn <= tol:
         return x, 0, rn, True
     u = u / beta
@@ -263,12 +292,9 @@ def lsmr(A: Op, AT: Op, b, x, tol: float, maxiter: int, rtol: float, check_every
         return x, 0, rn, True
     v = v / alpha
     one = torch.ones((), dtype=b.dtype, device=b.device)
-    zetabar = alpha * beta
-    alphabar = alpha
+    zetabar, alphabar = alpha * beta, alpha
     rho, rhobar, cbar, sbar = one, one, one, 0 * one
-    h = v.clone()
-    hbar = torch.zeros_like(x)
-    normA2 = alpha * alpha
+    h, hbar = v.clone(), torch.zeros_like(x)
     stop = torch.zeros((), dtype=torch.bool, device=b.device)
     it = 0
     ok = False
@@ -280,8 +306,6 @@ def lsmr(A: Op, AT: Op, b, x, tol: float, maxiter: int, rtol: float, check_every
             v = AT(u) - beta * v
             alpha = _norm(v)
             v = _div(v, alpha)
-            stop = stop | (alpha == 0) | (beta == 0)
-            normA2 = normA2 + alpha * alpha + beta * beta
             rhoold = rho
             rho = torch.hypot(alphabar, beta)
             c, s = _div(alphabar, rho), _div(beta, rho)
@@ -295,11 +319,13 @@ def lsmr(A: Op, AT: Op, b, x, tol: float, maxiter: int, rtol: float, check_every
             zeta = cbar * zetabar
             zetabar = -sbar * zetabar
             hbar = h - _div(thetabar * rho, rhoold * rhobarold) * hbar
-            x = x + _div(zeta, rho * rhobar) * hbar
+            x = torch.where(stop, x, x + _div(zeta, rho * rhobar) * hbar)
             h = v - _div(thetanew, rho) * h
+            stop = stop | (alpha == 0) | (beta == 0) | (zetabar.abs() <= eps * normA * bn)
             it += 1
-        rn, zb, nA2, halt = read_back(_norm(b - A(x)), zetabar.abs(), normA2, stop)
-        ok = rn <= tol or zb <= rtol * nA2 ** 0.5 * rn or bool(halt)
-        if ok:
+        r = b - A(x)
+        rn, ar, halt = read_back(_norm(r), _norm(AT(r)), stop)
+        ok = rn <= tol or (bool(halt) and least_squares_solved(ar, normA, rn, bn, eps))
+        if ok or halt:
             break
     return x, it, rn, ok

@@ -12,6 +12,7 @@ from asd.errors import InputError
 from asd.linalg import _kernels as K
 from asd.linalg._sparse import (Pattern, check_dense, check_dtypes, from_columns, to_columns,
                                 values_of)
+from asd.linalg.base import check_finite_matrix, check_finite_rhs
 from asd.linalg.products import _SDDMM
 
 __all__ = ["triangular_solve", "trisolve_values"]
@@ -89,14 +90,17 @@ def triangular_solve(L: torch.Tensor, b: torch.Tensor, upper: bool = False,
     Raises
     ------
     InputError
-        Non-square or non-triangular ``L``, a zero or missing diagonal entry (singular), shape,
-        dtype or device mismatch.  On CUDA (cuSPARSE) a zero or missing diagonal entry is
-        not detected (that would need a read-back): the result is non-finite instead.
+        Non-square or non-triangular ``L``, a zero or missing diagonal entry (singular), NaN or
+        inf in ``L``'s stored values or in ``b`` (as :func:`asd.linalg.solve`), shape, dtype or
+        device mismatch.  On CUDA (cuSPARSE) a zero or missing diagonal entry is not detected:
+        the result is non-finite instead.
     """
     P, vals = values_of(L, "L")
     check_triangular(P, upper)
     check_dense(b, "b", P, P.n, what="rhs")
     check_dtypes(vals, b)
+    check_finite_matrix(vals, "L")
+    check_finite_rhs(b)
     Bm, info = to_columns(b, P, P.n, "b")
     X = _TriSolve.apply(vals, Bm, P, not upper, transpose, unit_diagonal)
     return from_columns(X, info, P, P.n)

@@ -43,7 +43,7 @@ def _device_of(x):
 
 def _frozen(f: Callable, x) -> tuple[Callable, object]:
     """``f`` as it stands at preparation, and the shape of its output: its jaxpr at ``x``'s shape and
-    dtype, evaluated with copies of the values it captures. Every later trace of the operator's
+    dtype, evaluated with copies of the numpy arrays it captures. Every later trace of the operator's
     functions (a jitted call traced again for a committed or weakly typed input, the first
     :meth:`SparseHessian.value_grad_hessian`, the check's product) then evaluates the function the
     pattern was detected for, never what its closure holds by then: a rebound global, or a numpy
@@ -51,8 +51,9 @@ def _frozen(f: Callable, x) -> tuple[Callable, object]:
     from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
     closed, out_shape = jax.make_jaxpr(f, return_shape=True)(x)
-    consts = [np.copy(c, subok=True) if isinstance(c, np.ndarray) else jnp.array(c, copy=True)
-              if isinstance(c, jax.Array) else c for c in closed.consts]
+    # numpy arrays are copied (an in-place change would reach the constant); JAX arrays are
+    # immutable, and a copy would hold every captured array twice (device memory)
+    consts = [np.copy(c, subok=True) if isinstance(c, np.ndarray) else c for c in closed.consts]
     run = jaxpr_as_fun(ClosedJaxpr(closed.jaxpr, consts))
     tree = jax.tree_util.tree_structure(out_shape)
 

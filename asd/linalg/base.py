@@ -50,10 +50,9 @@ class SolveInfo:
     The stopping rules, per right-hand side:
 
     * Krylov solvers: ``||b - op(A) x|| <= max(rtol ||b||, atol)``.
-    * :class:`~asd.linalg.LSMR` also converges on a least-squares solution to working precision,
-      ``||A^T r|| <= 100 eps ||A||_F (||r|| + ||b||)``, once its iteration has stalled there (its
-      residual may then exceed the tolerance: the system is inconsistent, or numerically
-      singular).
+    * :class:`~asd.linalg.LSMR` also converges on a least-squares solution of relative backward
+      error ``rtol``, ``||A^T r|| <= rtol ||A|| ||r||`` (its residual then exceeds the tolerance:
+      the system is inconsistent, or numerically singular).
     * Direct solvers: ``||b - op(A) x|| <= eps^(1/4) ||b||`` (``eps`` of the dtype): a larger
       residual means A is numerically singular or too ill-conditioned for the dtype (a
       backward-stable solve leaves at most ``eps cond(A) ||b||``: this flags ``cond(A)`` beyond

@@ -6,7 +6,7 @@ iteration counts are therefore multiples of ``check_every`` (or ``maxiter``).  O
 no test can be read, a solve runs one block (``min(check_every, maxiter)`` iterations): the
 shapes it propagates are those of any longer run.  The stopping rule
 is scipy's, per right-hand side: ``||b - op(A) x|| <= max(rtol ||b||, atol)``; :class:`LSMR` also
-converges on a least-squares solution to working precision.
+converges on a least-squares solution of an inconsistent system.
 """
 
 from __future__ import annotations
@@ -185,13 +185,10 @@ class LSMR(_Krylov):
 
     Started from zero, it gives the minimum-norm least-squares solution (for a rank-deficient A
     too).  It converges when the residual reaches the tolerance,
-    ``||b - A x|| <= max(rtol ||b||, atol)``, or, for an inconsistent system, when the iteration
-    has stalled at a least-squares solution to working precision,
-    ``||A^T r|| <= 100 eps ||A||_F (||r|| + ||b||)``
-    (:func:`asd.linalg.krylov.least_squares_solved`).
-    ``rtol`` does not loosen that second test: ``||A^T r|| <= rtol ||A|| ||r||`` also holds for an
-    ill-conditioned consistent system far from solved, which converges on its residual only
-    (unless it is numerically singular).
+    ``||b - A x|| <= max(rtol ||b||, atol)``, or, for an inconsistent system, at a least-squares
+    solution of relative backward error ``rtol``, ``||A^T r|| <= rtol ||A|| ||r||`` (scipy's
+    ``lsmr`` test with ``atol = rtol``). A breakdown of its bidiagonalization (a rank-deficient
+    A's Krylov space exhausted) stops it with its iterate, judged by the same tests.
     """
 
     least_squares: ClassVar[bool] = True
@@ -207,4 +204,4 @@ class LSMR(_Krylov):
         return KrylovState(self, P, vals, False, None, norm)
 
     def _iterate(self, state, A, AT, b, x, tol, maxiter, M):
-        return krylov.lsmr(A, AT, b, x, tol, maxiter, self.check_every, state.norm)
+        return krylov.lsmr(A, AT, b, x, tol, maxiter, self.check_every, state.norm, self.rtol)

@@ -260,9 +260,11 @@ def lsmr(A: Op, AT: Op, b, x, tol: float, maxiter: int, check_every: int, normA:
     residual norm, converged)`` with ``converged`` true when either test passed.
 
     A breakdown of the bidiagonalization (``alpha`` or ``beta`` at most ``BREAKDOWN eps ||A||_F``),
-    or the recurrence's estimate of ``||A^T r||`` at its rounding level ``eps ||A||_F ||b||`` (the
-    Krylov space of a rank-deficient A is exhausted, and what is left of it is rounding noise),
-    stops the iteration with the iterate it has: the steps past it grow without bound (found by
+    or the recurrence's estimate of ``||A^T r||`` at its rounding level ``eps ||A||_F ||b||`` while
+    ``alpha`` or ``beta`` fades below ``sqrt(eps) ||A||_F`` (the Krylov space of a rank-deficient A
+    is exhausted, and what is left of it is rounding noise; the estimate alone drifts below that
+    level in float32 long before the residual converges), stops the iteration with the iterate it
+    has: the steps past it grow without bound (found by
     an adversarial review: ``|x| ~ 1e16`` reported converged). The stopped iterate is then judged
     by its computed ``||A^T r||``, not the recurrence's estimate.
     """

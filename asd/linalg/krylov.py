@@ -264,9 +264,9 @@ def lsmr(A: Op, AT: Op, b, x, tol: float, maxiter: int, check_every: int, normA:
     ``alpha`` or ``beta`` fades below ``sqrt(eps) ||A||_F`` (the Krylov space of a rank-deficient A
     is exhausted, and what is left of it is rounding noise; the estimate alone drifts below that
     level in float32 long before the residual converges), stops the iteration with the iterate it
-    has: the steps past it grow without bound (found by
-    an adversarial review: ``|x| ~ 1e16`` reported converged). The stopped iterate is then judged
-    by its computed ``||A^T r||``, not the recurrence's estimate.
+    has: the steps past it grow without bound (found by an adversarial review: ``|x| ~ 1e16``
+    reported converged). The stopped iterate is then judged by its computed ``||A^T r||``, not the
+    recurrence's estimate.
     """
     eps = torch.finfo(b.dtype).eps
     u = b - A(x)

@@ -209,3 +209,62 @@ def union_k(P, J):
             last = v
         cp[i + 1] = pos
     return cp, cj[:pos]
+
+
+@njit(cache=True)
+def gram(indptr, indices, n):
+    """The boolean ``G^T G`` of a CSR structure ``G`` with ``n`` columns: row ``i`` is the union of
+    the rows of ``G`` that hold column ``i``. Returns ``(indptr, indices)``, the indptr in int64,
+    each row sorted with every column once."""
+    m = indptr.shape[0] - 1
+    _check_pointers(indptr, indices.shape[0])
+    # the rows holding each column (a transpose), and a bound on each output row
+    start = np.zeros(n + 1, dtype=np.int64)
+    bound = np.zeros(n, dtype=np.int64)
+    for r in range(m):
+        s, e = indptr[r], indptr[r + 1]
+        for p in range(s, e):
+            j = indices[p]
+            if j < 0 or j >= n:
+                raise ValueError("a set matrix holds a column outside its shape")
+            start[j + 1] += 1
+            bound[j] += e - s
+    total = 0
+    for j in range(n):
+        start[j + 1] += start[j]
+        total += min(bound[j], n)
+    holders = np.empty(start[n], dtype=np.int64)
+    nxt = start[:-1].copy()
+    for r in range(m):
+        for p in range(indptr[r], indptr[r + 1]):
+            j = indices[p]
+            holders[nxt[j]] = r
+            nxt[j] += 1
+    cp = np.empty(n + 1, dtype=np.int64)
+    cj = np.empty(total, dtype=indices.dtype)
+    seen = np.full(n, -1, dtype=np.int64)
+    cp[0] = 0
+    pos = 0
+    for i in range(n):
+        first = pos
+        for t in range(start[i], start[i + 1]):
+            r = holders[t]
+            for p in range(indptr[r], indptr[r + 1]):
+                j = indices[p]
+                if seen[j] != i:
+                    seen[j] = i
+                    cj[pos] = j
+                    pos += 1
+        if pos - first <= 16:
+            # the rows holding i arrive in order, each sorted: an insertion sort of few entries
+            for q in range(first + 1, pos):
+                v = cj[q]
+                w = q
+                while w > first and cj[w - 1] > v:
+                    cj[w] = cj[w - 1]
+                    w -= 1
+                cj[w] = v
+        else:
+            cj[first:pos].sort()
+        cp[i + 1] = pos
+    return cp, cj[:pos]

@@ -10,6 +10,7 @@ sparse product instead of a product and an ``n x n`` sum per op.
 
 from __future__ import annotations
 
+import numpy as np
 import scipy.sparse as sp
 
 from . import sets as S
@@ -19,7 +20,10 @@ __all__ = ["SecondOrder", "gram"]
 
 def gram(Ga: sp.csr_matrix, Gb: sp.csr_matrix) -> sp.csr_matrix:
     """Boolean ``Ga^T Gb`` for set matrices with the same rows."""
-    return (Ga.T.tocsr() @ Gb).tocsr()
+    if Ga is Gb and S._is_canonical(Ga):
+        cp, cj = S._kernels().gram(Ga.indptr, Ga.indices, Ga.shape[1])
+        return S._csr(cp, cj, (Ga.shape[1], Ga.shape[1]))
+    return S._canonical(Ga.T.tocsr() @ Gb)
 
 
 class SecondOrder:
@@ -69,11 +73,38 @@ class SecondOrder:
             self.add(gram(Ga, Gb), symmetric=Ga is Gb)
 
     def _flush_squares(self) -> None:
-        if self._squares:
-            G = S.vstack([g if g.format == "csr" and g.has_sorted_indices else S._canonical(g.tocsr(copy=True))
-                          for g in self._squares.values()])  # stacking reads CSR arrays (a CSC G would be read as CSR)
-            self._squares, self._squares_nnz = {}, 0
+        if not self._squares:
+            return
+        # a row with one dependency squares to a diagonal entry: such rows (an elementwise op on one
+        # input, x ** 2 or exp(x)) are marked on the diagonal, and only the others multiplied out
+        diagonal = np.zeros(self.n, dtype=bool)
+        longer = []
+        for g in self._squares.values():
+            g = g if g.format == "csr" and g.has_sorted_indices else S._canonical(g.tocsr(copy=True))
+            lengths = np.diff(g.indptr)
+            single = lengths == 1
+            nsingle = int(np.count_nonzero(single))
+            if nsingle == 0:
+                longer.append(g)
+                continue
+            if nsingle == len(lengths):
+                diagonal[g.indices[int(g.indptr[0]):int(g.indptr[-1])]] = True
+                continue
+            diagonal[g.indices[g.indptr[:-1][single]]] = True
+            multi = np.flatnonzero(lengths > 1)
+            if len(multi):
+                longer.append(S.take_rows(g, multi))
+        self._squares, self._squares_nnz = {}, 0
+        if longer:
+            G = S.vstack(longer)  # stacking reads CSR arrays (a CSC G would be read as CSR)
+            # the diagonal entries a longer row squares to already (x[1:] - x[:-1] ** 2 covers
+            # every x[:-1] ** 2): not added again
+            diagonal[G.indices[:G.nnz]] = False
             self.add(gram(G, G))
+        if diagonal.any():
+            indptr = np.zeros(self.n + 1, dtype=S.INDEX)
+            np.cumsum(diagonal, out=indptr[1:])
+            self.add(S._csr(indptr, np.flatnonzero(diagonal), (self.n, self.n)))
 
     def _sum(self) -> sp.csr_matrix:
         return S.union(self._pieces, self.n, self.n)

@@ -1,0 +1,97 @@
+"""The second-order pattern's squares ``G^T G``: the Numba product of a set matrix with itself, and
+the rows of one dependency marked on the diagonal instead of multiplied out, against dense
+boolean products (random matrices: short rows, long rows past the insertion sort, empty rows and
+columns, rows of one entry mixed with longer ones)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asd.detection import sets as S
+from asd.detection.hessian import hessian_pattern
+from asd.detection.second_order import SecondOrder, gram
+
+
+@st.composite
+def _set_matrix(draw, n=None, rows=None):
+    n = draw(st.integers(1, 40)) if n is None else n
+    rows = draw(st.integers(0, 30)) if rows is None else rows
+    dense = np.zeros((rows, n), dtype=bool)
+    for r in range(rows):
+        kind = draw(st.sampled_from(["empty", "one", "few", "many"]))
+        if kind == "one":
+            dense[r, draw(st.integers(0, n - 1))] = True
+        elif kind == "few":
+            dense[r, draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=4))] = True
+        elif kind == "many":  # past the kernel's insertion sort
+            dense[r, draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n))] = True
+    return dense
+
+
+def _set(dense: np.ndarray) -> sp.csr_matrix:
+    return S._canonical(sp.csr_matrix(dense))
+
+
+def _canonical_rows(M: sp.csr_matrix) -> bool:
+    return all((np.diff(M.indices[M.indptr[i]:M.indptr[i + 1]]) > 0).all() for i in range(M.shape[0]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_set_matrix())
+def test_gram_matches_the_dense_boolean_product(dense):
+    G = _set(dense)
+    H = gram(G, G)
+    want = (dense.T.astype(np.int64) @ dense.astype(np.int64)) > 0
+    assert H.shape == want.shape
+    assert np.array_equal(H.toarray(), want)
+    assert H.nnz == int(want.sum())  # every column once
+    assert _canonical_rows(H)
+
+
+def test_gram_of_long_interleaved_rows_sorts_them():
+    # row i of G^T G gathers many rows whose entries interleave: the sorted path of the kernel
+    rng = np.random.default_rng(0)
+    dense = rng.random((200, 300)) < 0.2
+    G = _set(dense)
+    H = gram(G, G)
+    assert np.array_equal(H.toarray(), (dense.T.astype(np.int64) @ dense.astype(np.int64)) > 0)
+    assert _canonical_rows(H)
+
+
+def test_gram_refuses_a_column_outside_the_shape():
+    G = S._csr(np.array([0, 2]), np.array([1, 7]), (1, 8))
+    bad = S._csr(G.indptr, G.indices, (1, 5))  # built without validation: column 7 of 5
+    with pytest.raises(ValueError, match="outside its shape"):
+        S._kernels().gram(bad.indptr, bad.indices, 5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_squares_flushed_with_their_single_rows_on_the_diagonal_match_the_sum_of_products(data):
+    n = data.draw(st.integers(1, 30))
+    parts = data.draw(st.lists(_set_matrix(n=n), min_size=1, max_size=4))
+    acc = SecondOrder(n)
+    want = np.zeros((n, n), dtype=bool)
+    for dense in parts:
+        acc.add_square(_set(dense) if dense.any() else None)
+        want |= (dense.T.astype(np.int64) @ dense.astype(np.int64)) > 0
+    H = acc.pattern()
+    assert np.array_equal(H.toarray(), want)
+    assert _canonical_rows(H)
+
+
+@pytest.mark.parametrize("f", [
+    lambda x: (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum(),  # singles covered by pairs
+    lambda x: (x[:4] ** 2).sum() + torch.exp(x[5:]).sum() + (x[2] * x[3]),  # singles only on the diagonal
+    lambda x: torch.sin(x).sum() + (x[:3].sum() ** 2),  # a long row and singles
+])
+def test_hessian_patterns_with_single_dependency_squares_match_dense(f):
+    x = torch.rand(9, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    got = hessian_pattern(f, x).to_scipy().toarray()
+    want = torch.autograd.functional.hessian(f, x) != 0
+    assert np.array_equal(got, want.numpy())

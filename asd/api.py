@@ -83,6 +83,8 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
 
     cache = check_bool("cache", options.pop("cache", True))
     if not cache or options.get("local", False) or "pattern" in options:
+        if cls is SparseHessian:  # evaluated once: the coloring may favour preparing fast (a star one)
+            options.setdefault("reuse", False)
         op = cls(f, x, args=args, kwargs=kwargs, **options)
         return op, evaluate(op, x)
     key = cache_key(kind, f, x, options)
@@ -132,8 +134,11 @@ def sparse_hessian(f: Callable, x: torch.Tensor, **options) -> torch.Tensor:
         Input of any shape; the Hessian has shape ``(x.numel(), x.numel())``, ``x``'s dtype and device.
     **options
         ``coloring`` (``"star"`` or ``"acyclic"``; default: star unless acyclic saves colors),
-        ``order``, ``hvp``, ``batch_size``, ``compile``, ``local``, ``strict``, ``pattern`` (see
-        :class:`asd.SparseHessian`) and ``cache`` (default ``True``, as for :func:`sparse_jacobian`).
+        ``order``, ``hvp``, ``batch_size``, ``compile``, ``local``, ``strict``, ``pattern``,
+        ``reuse`` (see :class:`asd.SparseHessian`) and ``cache`` (default ``True``, as for
+        :func:`sparse_jacobian`). Where no operator is kept (``cache=False``, ``local=True`` or
+        ``pattern=``), the operator is prepared with ``reuse=False``: a large pattern of a cheap
+        function then takes star, which is faster to prepare and evaluate once.
     """
     op, values = _cached("hessian", SparseHessian, f, x, options)
     return op.decompressor.csr(values)

@@ -1040,6 +1040,13 @@ class SparseHessian(_SparseOperator):
         so does every call where no graph is recorded.
     batch_size, compile, local, strict, pattern, backend, check, args, kwargs, trace
         As for :class:`SparseJacobian`.
+    reuse
+        ``False``: the operator is prepared for one evaluation (as :func:`asd.sparse_hessian` does
+        where it keeps no operator: ``cache=False``, ``local=True`` or ``pattern=``). With
+        ``coloring=None``, a large pattern of a cheap function then takes star without coloring
+        acyclic (:func:`asd.coloring.choose.one_call_prefers_star`): an acyclic coloring's
+        substitution plan and rounding bound cost more there than the products it saves, and
+        are paid back only by later calls. Default ``True``.
 
     Attributes
     ----------
@@ -1060,7 +1067,7 @@ class SparseHessian(_SparseOperator):
                  hvp: str = "auto", batch_size: int | None = None, compile: bool | str = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
                  check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None,
-                 trace: bool | None = None):
+                 trace: bool | None = None, reuse: bool = True):
         from .coloring import symmetric_pattern
         from .detection import hessian_pattern
 
@@ -1068,6 +1075,7 @@ class SparseHessian(_SparseOperator):
         self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
                          kwargs=kwargs)
         fx = self._bound(f)
+        reuse = check_bool("reuse", reuse)
         if coloring is not None:
             check_choice("coloring (of a Hessian)", coloring, HESSIAN_COLORINGS)
         check_choice("hvp", hvp, HVP_MODES)
@@ -1079,9 +1087,11 @@ class SparseHessian(_SparseOperator):
         self._prepare_pattern(lambda: hessian_pattern(fx, x, local=local, strict=strict, return_info=True), pattern,
                               conform)
         # off the CPU, substitution runs level by level: worth it only for shallow trees
+        one_call = not reuse and self.trace_info is not None
         result = self._choose_coloring(lambda: choose_hessian(
             self.pattern, coloring, order, exact_arithmetic=x.dtype == torch.float64,
-            max_levels=None if x.device.type == "cpu" else MAX_GPU_SUBSTITUTION_LEVELS))
+            max_levels=None if x.device.type == "cpu" else MAX_GPU_SUBSTITUTION_LEVELS,
+            one_call_elements=self.trace_info.elements if one_call else None))
         _warn_if_dense(result, self.pattern)
         explicit = hvp != "auto"
         self._hvp = "forward_over_reverse" if hvp == "auto" else hvp

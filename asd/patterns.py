@@ -143,7 +143,9 @@ class SparsityPattern:
     @cached_property
     def rows(self) -> np.ndarray:
         """Row index of every stored entry, in CSR order (read-only)."""
-        return _frozen(np.repeat(np.arange(self.shape[0], dtype=_I), np.diff(self.indptr)))
+        rows = np.repeat(np.arange(self.shape[0], dtype=_I), np.diff(self.indptr))
+        rows.setflags(write=False)  # made here, held by no one else: frozen without a copy
+        return rows
 
     @cached_property
     def transpose_with_positions(self) -> tuple["SparsityPattern", np.ndarray]:

@@ -755,6 +755,10 @@ class TraceInfo:
     gaps
         The :class:`asd.detection.ad_gaps.Gap` entries (PyTorch derivative formulas known to be
         wrong in some AD mode) that ``f``'s calls fall into.
+    results, elements
+        How many tensors the traced ops computed (views aside) and their elements in all: the size
+        of one evaluation of ``f``, which the cost estimates of a one-call operator read
+        (:func:`asd.coloring.choose.one_call_prefers_star`).
     """
 
     ops: frozenset
@@ -763,6 +767,8 @@ class TraceInfo:
     calls_autograd: bool
     fallback_ops: frozenset
     gaps: frozenset = frozenset()
+    results: int = 0
+    elements: int = 0
 
 
 class Tracer:
@@ -804,6 +810,8 @@ class Tracer:
         self.no_grad_cut = False
         self.calls_autograd = False
         self.gaps: set = set()
+        self.results = 0
+        self.elements = 0
         self._decomposing = 0
         self._input_storages: list[Storage] = []
         # elementwise rules may leave an output's union pending (merged where it is read), unless
@@ -813,7 +821,7 @@ class Tracer:
     def info(self) -> TraceInfo:
         """What this trace saw besides the index sets (see :class:`TraceInfo`)."""
         return TraceInfo(frozenset(self.ops_seen), self.writes_input, self.no_grad_cut, self.calls_autograd,
-                         frozenset(self.fallback_ops), frozenset(self.gaps))
+                         frozenset(self.fallback_ops), frozenset(self.gaps), self.results, self.elements)
 
     def note_autograd(self) -> None:
         self.calls_autograd = True
@@ -888,6 +896,8 @@ class Tracer:
                 f"internal error: a rule produced {sets.shape[0]} index sets for an output of "
                 f"{primal.numel()} elements"
             )
+        self.results += 1
+        self.elements += primal.numel()
         return TracedTensor(Storage(primal, sets), primal, None, self.device)
 
     # -- dispatch -----------------------------------------------------------------------------

@@ -82,6 +82,8 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
         return call(op, z, *args, **kwargs)
 
     cache = check_bool("cache", options.pop("cache", True))
+    if cls is SparseHessian and options.get("reuse") is True:  # the default: one cache entry for both spellings
+        del options["reuse"]
     if not cache or options.get("local", False) or "pattern" in options:
         if cls is SparseHessian:  # evaluated once: the coloring may favour preparing fast (a star one)
             options.setdefault("reuse", False)

@@ -132,3 +132,15 @@ def test_a_given_pattern_of_an_untraceable_function_keeps_the_default(small_thre
     assert op.trace_info is None
     assert isinstance(op.coloring, AcyclicColoring)
     np.testing.assert_allclose(op(x).to_dense().numpy(), _dense(rosenbrock, x).numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_reuse_true_is_the_default_and_shares_its_cache_entry():
+    from asd.cache import CACHE
+
+    asd.clear_cache()
+    x = _x(30)
+    H1 = asd.sparse_hessian(rosenbrock, x)
+    H2 = asd.sparse_hessian(rosenbrock, x, reuse=True)
+    assert len(CACHE._data) == 1
+    torch.testing.assert_close(H1.to_dense(), H2.to_dense())
+    asd.clear_cache()

@@ -95,3 +95,31 @@ def test_hessian_patterns_with_single_dependency_squares_match_dense(f):
     got = hessian_pattern(f, x).to_scipy().toarray()
     want = torch.autograd.functional.hessian(f, x) != 0
     assert np.array_equal(got, want.numpy())
+
+
+def test_gram_of_many_rows_over_one_block_is_the_block():
+    # 400 rows over the same 60 columns: the output is 60 x 60, whatever a bound from the rows'
+    # lengths would reserve (400 x 60 per column)
+    n, K, B = 5000, 400, 60
+    G = S._csr(np.arange(0, K * B + 1, B), np.tile(np.arange(B), K), (K, n))
+    H = gram(G, G)
+    assert H.nnz == B * B
+    assert np.array_equal(H.indptr[:B + 1], np.arange(0, B * B + 1, B)) and H.indptr[-1] == B * B
+    assert np.array_equal(H.indices, np.tile(np.arange(B), B))
+
+
+def test_squares_whose_entries_start_past_the_first_keep_their_diagonal():
+    # a matrix built by hand whose indptr starts at 2: its unused leading entries must not count
+    if S._FIELDS is None:
+        pytest.skip("this scipy's csr_matrix is one the set module does not build by hand")
+    single = S._csr(np.array([0, 1]), np.array([5]), (1, 6))  # x5 ** 2 -> (5, 5)
+    offset = sp.csr_matrix.__new__(sp.csr_matrix)
+    offset.__dict__.update(S._FIELDS, _shape=(1, 6), indices=np.array([5, 0, 1, 2], np.int32),
+                           indptr=np.array([2, 4], np.int32), data=np.ones(4, bool))  # the row {1, 2}
+    acc = SecondOrder(6)
+    acc.add_square(single)
+    acc.add_square(offset)
+    want = np.zeros((6, 6), dtype=bool)
+    want[5, 5] = True
+    want[np.ix_([1, 2], [1, 2])] = True
+    assert np.array_equal(acc.pattern().toarray(), want)

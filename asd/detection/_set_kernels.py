@@ -218,7 +218,8 @@ def gram(indptr, indices, n):
     each row sorted with every column once."""
     m = indptr.shape[0] - 1
     _check_pointers(indptr, indices.shape[0])
-    # the rows holding each column (a transpose), and a bound on each output row
+    # the rows holding each column (a transpose), and a bound on each output row: the total length
+    # of those rows (far above the row where many rows repeat one block of columns)
     start = np.zeros(n + 1, dtype=np.int64)
     bound = np.zeros(n, dtype=np.int64)
     for r in range(m):
@@ -232,7 +233,8 @@ def gram(indptr, indices, n):
     total = 0
     for j in range(n):
         start[j + 1] += start[j]
-        total += min(bound[j], n)
+        bound[j] = min(bound[j], n)
+        total += bound[j]
     holders = np.empty(start[n], dtype=np.int64)
     nxt = start[:-1].copy()
     for r in range(m):
@@ -241,30 +243,43 @@ def gram(indptr, indices, n):
             holders[nxt[j]] = r
             nxt[j] += 1
     cp = np.empty(n + 1, dtype=np.int64)
-    cj = np.empty(total, dtype=indices.dtype)
+    # room for the bound where it is within a few times the input, else grown as needed (by
+    # doubling, never past what the bound still allows)
+    cj = np.empty(min(total, 16 * (indptr[m] - indptr[0] + n) + (1 << 20)), dtype=indices.dtype)
     seen = np.full(n, -1, dtype=np.int64)
     cp[0] = 0
     pos = 0
     for i in range(n):
         first = pos
+        ordered = True
+        if pos + bound[i] > cj.shape[0]:
+            bigger = np.empty(min(pos + total, max(2 * cj.shape[0], pos + bound[i])), dtype=indices.dtype)
+            bigger[:pos] = cj[:pos]
+            cj = bigger
+        total -= bound[i]
         for t in range(start[i], start[i + 1]):
             r = holders[t]
-            for p in range(indptr[r], indptr[r + 1]):
+            s, e = indptr[r], indptr[r + 1]
+            for p in range(s, e):
                 j = indices[p]
                 if seen[j] != i:
                     seen[j] = i
+                    if pos > first and cj[pos - 1] > j:
+                        ordered = False
                     cj[pos] = j
                     pos += 1
-        if pos - first <= 16:
-            # the rows holding i arrive in order, each sorted: an insertion sort of few entries
-            for q in range(first + 1, pos):
-                v = cj[q]
-                w = q
-                while w > first and cj[w - 1] > v:
-                    cj[w] = cj[w - 1]
-                    w -= 1
-                cj[w] = v
-        else:
-            cj[first:pos].sort()
+        if not ordered:
+            if pos - first <= 16:
+                for q in range(first + 1, pos):
+                    v = cj[q]
+                    w = q
+                    while w > first and cj[w - 1] > v:
+                        cj[w] = cj[w - 1]
+                        w -= 1
+                    cj[w] = v
+            else:
+                cj[first:pos].sort()
         cp[i + 1] = pos
+    if 2 * pos <= cj.shape[0]:  # most of the room unused: keep none of it
+        return cp, cj[:pos].copy()
     return cp, cj[:pos]

@@ -81,6 +81,9 @@ class SecondOrder:
         longer = []
         for g in self._squares.values():
             g = g if g.format == "csr" and g.has_sorted_indices else S._canonical(g.tocsr(copy=True))
+            lo = int(g.indptr[0])
+            if lo:  # a matrix built by hand whose entries start past its first: stacked from 0
+                g = S._csr(g.indptr - lo, g.indices[lo:int(g.indptr[-1])], g.shape)
             lengths = np.diff(g.indptr)
             single = lengths == 1
             nsingle = int(np.count_nonzero(single))

@@ -756,9 +756,10 @@ class TraceInfo:
         The :class:`asd.detection.ad_gaps.Gap` entries (PyTorch derivative formulas known to be
         wrong in some AD mode) that ``f``'s calls fall into.
     results, elements
-        How many tensors the traced ops computed (views aside) and their elements in all: the size
-        of one evaluation of ``f``, which the cost estimates of a one-call operator read
-        (:func:`asd.coloring.choose.one_call_prefers_star`).
+        How many tensors the traced ops computed or wrote in place (views aside) and their elements
+        in all: the size of one evaluation of ``f``, which the cost estimate of a one-call operator
+        reads (:func:`asd.coloring.choose.one_call_prefers_star`). A lower bound of the work: a
+        matrix product or a convolution counts the elements it writes, not its multiplications.
     """
 
     ops: frozenset
@@ -1283,6 +1284,8 @@ class Tracer:
             for (j, _), s in zip(writes, out_sets):
                 target = b_args[j]
                 target = (restore or {}).get(id(target), target)
+                self.results += 1  # an in-place op computes as its out-of-place variant does
+                self.elements += target.numel()
                 if not target._detached:
                     # also with recording off (a no_grad region, an autograd.Function's forward): the
                     # written sets are what reverse mode sees wherever the result is tracked

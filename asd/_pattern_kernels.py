@@ -39,3 +39,17 @@ def symmetric_mirror(indptr, indices):
         if cursor[j] != indptr[j + 1]:
             return mirror[:0], False
     return mirror, True
+
+
+@njit(cache=True)
+def csr_rows(indptr, nnz):
+    """The row of each of the ``nnz`` entries of a CSR structure (row pointers outside
+    ``[0, nnz]`` raise)."""
+    rows = np.empty(nnz, dtype=np.int64)
+    for i in range(indptr.shape[0] - 1):
+        s, e = indptr[i], indptr[i + 1]
+        if s < 0 or e > nnz:
+            raise ValueError("row pointers outside the entries")
+        for p in range(s, e):
+            rows[p] = i
+    return rows

@@ -1,7 +1,7 @@
 """The second-order pattern's squares ``G^T G``: the Numba product of a set matrix with itself, and
 the rows of one dependency marked on the diagonal instead of multiplied out, against dense
 boolean products (random matrices: short rows, long rows past the insertion sort, empty rows and
-columns, rows of one entry mixed with longer ones)."""
+columns, rows of one entry mixed with longer ones); and a pattern's row of each entry."""
 
 from __future__ import annotations
 
@@ -123,3 +123,36 @@ def test_squares_whose_entries_start_past_the_first_keep_their_diagonal():
     want[5, 5] = True
     want[np.ix_([1, 2], [1, 2])] = True
     assert np.array_equal(acc.pattern().toarray(), want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_set_matrix())
+def test_pattern_rows_list_the_row_of_every_entry(dense):
+    from asd.patterns import SparsityPattern
+
+    M = sp.csr_matrix(dense)
+    P = SparsityPattern.from_csr(M.indptr, M.indices, dense.shape, canonical=True)
+    rows = P.rows
+    assert np.array_equal(rows, np.repeat(np.arange(dense.shape[0]), np.diff(M.indptr)))
+    assert rows.dtype == np.int64 and not rows.flags.writeable
+
+
+def test_pattern_rows_kernel_refuses_pointers_past_the_entries():
+    from asd._pattern_kernels import csr_rows
+
+    with pytest.raises(ValueError, match="row pointers"):
+        csr_rows(np.array([0, 5, 2], dtype=np.int64), 3)
+
+
+@pytest.mark.parametrize("k", [3, 5000])
+def test_take_rows_of_a_long_range_and_of_its_look_alikes(k):
+    # a block of consecutive rows is taken as views; an index array with the same ends that is not
+    # one (a swap inside) is gathered
+    rng = np.random.default_rng(k)
+    dense = rng.random((k + 20, 30)) < 0.2
+    M = _set(dense)
+    block = np.arange(7, 7 + k)
+    swapped = block.copy()
+    swapped[[1, k - 2]] = swapped[[k - 2, 1]]
+    for idx in (block, swapped, block.astype(np.int32)):
+        assert np.array_equal(S.take_rows(M, idx).toarray(), dense[idx])

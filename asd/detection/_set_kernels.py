@@ -70,6 +70,15 @@ def union2(ap, aj, bp, bj):
 
 
 @njit(cache=True)
+def consecutive(idx, s):
+    """Whether ``idx`` is ``s, s + 1, ..., s + len(idx) - 1``."""
+    for t in range(idx.shape[0]):
+        if idx[t] != s + t:
+            return False
+    return True
+
+
+@njit(cache=True)
 def gather_rows(indptr, indices, idx):
     """Rows ``idx`` of a CSR structure (a negative index gives an empty row; one past the last
     row raises ``IndexError``): ``(indptr, indices)``, the indptr in int64."""

@@ -89,11 +89,15 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
     tol
         Stop when ``||f(x)||_inf <= tol``. Default: each equation within :func:`default_tolerance` of
         the dtype at the scale of its terms ``(|J| |x|)_i`` (the latest Jacobian, the current ``x``;
-        ``1e-10`` in float64 for terms of order one); before the first Jacobian, at the scale 1. Where
-        no damped step reduces the residual any more, each row within the tolerance at
-        ``||J_i||_1 ||x||_inf`` (its rounding floor where intermediates are as large as the largest
-        unknown) counts as converged. The result's ``tol`` is then the tolerance of the row furthest
-        from its own.
+        ``1e-10`` in float64 for terms of order one), and the Newton step at ``x`` (a Jacobian taken
+        there) within ``sqrt(eps)`` of the unknowns' scale (``max(||x||_inf, ||x0||_inf)``, 1 where
+        both vanish): a residual that is small only because ``f``'s values are small for its units
+        (``1e-12 * g(x)``) is not taken for a root. The default so evaluates one Jacobian more than
+        the steps it takes. Where no damped step reduces the residual any more, each row within the
+        tolerance at ``||J_i||_1 ||x||_inf`` (its rounding floor where intermediates are as large as
+        the largest unknown) with a step within ``eps ** 0.25`` of that scale counts as converged;
+        where the Jacobian is singular, the residual alone (a double root). The result's ``tol`` is
+        the tolerance of the row furthest from its own.
     maxiter
         Maximum number of Newton steps.
     damping
@@ -156,13 +160,33 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         tol = default_tolerance(x.dtype)
     elif not isinstance(tol, (int, float)) or isinstance(tol, bool) or not tol >= 0:
         raise InputError(f"tol must be a non-negative number, got {tol!r}")
+    eps = float(torch.finfo(x.dtype).eps) if x.is_floating_point() else 2.0 ** -52
+    # the scale of the unknowns the default's step test reads: no scaling of f changes a Newton step
+    xscale = float(x.detach().abs().max()) if x.numel() else 0.0
+
+    def small_step(dx: torch.Tensor, x: torch.Tensor, loose: bool = False) -> bool:
+        """The default's second test: Newton's step from ``x`` within ``sqrt(eps)`` (``loose``:
+        ``eps ** 0.25``, for an iterate at its rounding floor) of the unknowns' scale (``x``'s, or
+        ``x0``'s where larger; 1 where both vanish). A residual within tolerance alone says nothing
+        where ``f``'s values are small for its units (``1e-12 * g(x)``)."""
+        if not dx.numel():
+            return True
+        scale = max(float(x.detach().abs().max()), xscale) or 1.0
+        return bool(float(dx.detach().abs().max()) <= (eps ** 0.25 if loose else math.sqrt(eps)) * scale)
+
     history = [norm]
     it = 0
     state, age = None, 0
     status = "maxiter" if math.isfinite(norm) else "diverged"  # f(x0) not finite: nothing to iterate from
     runaway = False  # diverged by a steady climb of the residual, not to infinity
-    while not within(r, norm, x) and it < maxiter and status != "diverged":
-        it += 1
+    stepped = False  # converged by the default's two tests (the residual and the step at x)
+    residual_only = False  # converged by the residual where no step can be taken (a singular Jacobian)
+    dx = None
+    while status != "diverged":
+        # an explicit tol: the residual alone; the default also takes the Newton step at x, so a point
+        # is judged by a Jacobian taken there
+        if not auto_tol and (within(r, norm, x) or it >= maxiter):
+            break
         fresh = state is None or age >= refactor_every
         try:
             with torch.no_grad():
@@ -172,15 +196,34 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                     Jk = Jx
                 step, info = solver.compute(state, -r.detach(), warn=False)
         except SingularMatrixError as exc:
-            warnings.warn(f"asd.newton: singular Jacobian at iteration {it} ({exc})", ConvergenceWarning, stacklevel=2)
+            if auto_tol and within(r, norm, x):  # no step to judge by: the residual alone (a double root)
+                residual_only = True
+                break
+            warnings.warn(f"asd.newton: singular Jacobian at iteration {it + 1} ({exc})", ConvergenceWarning,
+                          stacklevel=2)
             status = "singular"
             break
+        dx = step.reshape(x.shape)
+        if auto_tol and info.converged and within(r, norm, x) and small_step(dx, x):
+            # the step is taken as well where it does not raise the residual: its Jacobian and solve
+            # are paid, and it leaves x far closer than the sqrt(eps) its size was judged by
+            x_new = x + dx
+            r_new = f(x_new).reshape(-1)
+            new_norm = float(r_new.abs().max()) if r_new.numel() else 0.0
+            if new_norm <= norm:
+                it += 1
+                x, r, norm = x_new, r_new, new_norm
+                history.append(norm)
+            stepped = True
+            break
+        if auto_tol and it >= maxiter:
+            break
+        it += 1
         age += 1
         if not info.converged:
             warnings.warn(f"asd.newton: the {info.solver} solve of step {it} stopped at residual "
                           f"{info.residual:.3e} > {info.tolerance:.3e}; the step is inexact", ConvergenceWarning,
                           stacklevel=2)
-        dx = step.reshape(x.shape)
         t = 1.0
         for _ in range(30 if damping else 1):
             x_new = x + t * dx
@@ -205,7 +248,11 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                 and norm > DIVERGING_FACTOR * min(history)):
             status, runaway = "diverged", True
             break
-    converged = within(r, norm, x) or (status == "stagnated" and auto_tol and within(r, norm, x, floor=True))
+    if auto_tol:
+        converged = stepped or residual_only or (status == "stagnated" and within(r, norm, x, floor=True)
+                                                 and small_step(dx, x, loose=True))
+    else:
+        converged = within(r, norm, x)
     if converged:
         status = "converged"
     else:

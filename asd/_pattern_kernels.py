@@ -42,14 +42,18 @@ def symmetric_mirror(indptr, indices):
 
 
 @njit(cache=True)
-def csr_rows(indptr, nnz):
-    """The row of each of the ``nnz`` entries of a CSR structure (row pointers outside
-    ``[0, nnz]`` raise)."""
-    rows = np.empty(nnz, dtype=np.int64)
-    for i in range(indptr.shape[0] - 1):
+def csr_rows(indptr, rows):
+    """Write the row of each entry of a CSR structure into ``rows`` (as long as its entries, from
+    numpy: memory Numba allocates is faulted in page by page); row pointers that decrease or leave
+    ``[0, len(rows)]``, or that do not cover every entry, raise."""
+    nnz = rows.shape[0]
+    m = indptr.shape[0] - 1
+    if m < 0 or indptr[0] != 0 or indptr[m] != nnz:
+        raise ValueError("row pointers must run from 0 to the number of entries")
+    for i in range(m):
         s, e = indptr[i], indptr[i + 1]
-        if s < 0 or e > nnz:
-            raise ValueError("row pointers outside the entries")
+        if e < s or e > nnz:
+            raise ValueError("row pointers must not decrease")
         for p in range(s, e):
             rows[p] = i
     return rows

@@ -146,7 +146,7 @@ class SparsityPattern:
         if "numba" in sys.modules or self.nnz >= SYMMETRIC_KERNEL_NNZ:  # np.repeat: a tenth of a 10^6 star coloring
             from ._pattern_kernels import csr_rows
 
-            rows = csr_rows(self.indptr, self.nnz)
+            rows = csr_rows(self.indptr, np.empty(self.nnz, dtype=_I))
         else:
             rows = np.repeat(np.arange(self.shape[0], dtype=_I), np.diff(self.indptr))
         rows.setflags(write=False)  # made here, held by no one else: frozen without a copy

@@ -140,8 +140,9 @@ def test_pattern_rows_list_the_row_of_every_entry(dense):
 def test_pattern_rows_kernel_refuses_pointers_past_the_entries():
     from asd._pattern_kernels import csr_rows
 
-    with pytest.raises(ValueError, match="row pointers"):
-        csr_rows(np.array([0, 5, 2], dtype=np.int64), 3)
+    for indptr in ([0, 5, 3], [0, 2, 1, 3], [1, 2, 3], [0, 1, 2]):  # past, decreasing, not from 0, short
+        with pytest.raises(ValueError, match="row pointers"):
+            csr_rows(np.array(indptr, dtype=np.int64), np.empty(3, dtype=np.int64))
 
 
 @pytest.mark.parametrize("k", [3, 5000])

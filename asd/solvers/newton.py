@@ -89,15 +89,17 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
     tol
         Stop when ``||f(x)||_inf <= tol``. Default: each equation within :func:`default_tolerance` of
         the dtype at the scale of its terms ``(|J| |x|)_i`` (the latest Jacobian, the current ``x``;
-        ``1e-10`` in float64 for terms of order one), and the Newton step at ``x`` (a Jacobian taken
-        there) within ``sqrt(eps)`` of the unknowns' scale (``max(||x||_inf, ||x0||_inf)``, 1 where
-        both vanish): a residual that is small only because ``f``'s values are small for its units
-        (``1e-12 * g(x)``) is not taken for a root. The default so evaluates one Jacobian more than
-        the steps it takes. Where no damped step reduces the residual any more, each row within the
-        tolerance at ``||J_i||_1 ||x||_inf`` (its rounding floor where intermediates are as large as
-        the largest unknown) with a step within ``eps ** 0.25`` of that scale counts as converged;
-        where the Jacobian is singular, the residual alone (a double root). The result's ``tol`` is
-        the tolerance of the row furthest from its own.
+        ``1e-10`` in float64 for terms of order one); the default stops before ``maxiter`` only where
+        the Newton step at ``x`` (a Jacobian taken there, solved to the solver's tolerance) is also
+        within ``sqrt(eps) ||x||_inf``, and then takes that step where it lowers the residual: a
+        residual that is small only because ``f``'s values are small for its units (``1e-12 * g(x)``)
+        does not stop the iteration. It so evaluates one Jacobian more than the steps it takes. A
+        run that reaches ``maxiter`` (a multiple root, an inexact solver) or stagnates (no damped
+        step reduces the residual: an ill-conditioned Jacobian at its rounding floor) counts as
+        converged on the residual alone, stagnation also with each row within the tolerance at
+        ``||J_i||_1 ||x||_inf`` (its rounding floor where intermediates are as large as the largest
+        unknown); a singular Jacobian where the residual is within tolerance (a double root) too.
+        The result's ``tol`` is the tolerance of the row furthest from its own.
     maxiter
         Maximum number of Newton steps.
     damping
@@ -161,18 +163,15 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
     elif not isinstance(tol, (int, float)) or isinstance(tol, bool) or not tol >= 0:
         raise InputError(f"tol must be a non-negative number, got {tol!r}")
     eps = float(torch.finfo(x.dtype).eps) if x.is_floating_point() else 2.0 ** -52
-    # the scale of the unknowns the default's step test reads: no scaling of f changes a Newton step
-    xscale = float(x.detach().abs().max()) if x.numel() else 0.0
 
-    def small_step(dx: torch.Tensor, x: torch.Tensor, loose: bool = False) -> bool:
-        """The default's second test: Newton's step from ``x`` within ``sqrt(eps)`` (``loose``:
-        ``eps ** 0.25``, for an iterate at its rounding floor) of the unknowns' scale (``x``'s, or
-        ``x0``'s where larger; 1 where both vanish). A residual within tolerance alone says nothing
-        where ``f``'s values are small for its units (``1e-12 * g(x)``)."""
+    def small_step(dx: torch.Tensor, x: torch.Tensor) -> bool:
+        """The default's test for stopping early: Newton's step from ``x`` within ``sqrt(eps)
+        ||x||_inf`` (no scaling of ``f`` changes it; at ``x = 0`` only a zero step passes). A residual
+        within tolerance alone says nothing where ``f``'s values are small for its units
+        (``1e-12 * g(x)``)."""
         if not dx.numel():
             return True
-        scale = max(float(x.detach().abs().max()), xscale) or 1.0
-        return bool(float(dx.detach().abs().max()) <= (eps ** 0.25 if loose else math.sqrt(eps)) * scale)
+        return bool(float(dx.detach().abs().max()) <= math.sqrt(eps) * float(x.detach().abs().max()))
 
     history = [norm]
     it = 0
@@ -207,13 +206,14 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         if auto_tol and info.converged and within(r, norm, x) and small_step(dx, x):
             # the step is taken as well where it does not raise the residual: its Jacobian and solve
             # are paid, and it leaves x far closer than the sqrt(eps) its size was judged by
-            x_new = x + dx
-            r_new = f(x_new).reshape(-1)
-            new_norm = float(r_new.abs().max()) if r_new.numel() else 0.0
-            if new_norm <= norm:
-                it += 1
-                x, r, norm = x_new, r_new, new_norm
-                history.append(norm)
+            if it < maxiter and bool((dx != 0).any()):
+                x_new = x + dx
+                r_new = f(x_new).reshape(-1)
+                new_norm = float(r_new.abs().max())
+                if new_norm < norm:
+                    it += 1
+                    x, r, norm = x_new, r_new, new_norm
+                    history.append(norm)
             stepped = True
             break
         if auto_tol and it >= maxiter:
@@ -248,11 +248,10 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                 and norm > DIVERGING_FACTOR * min(history)):
             status, runaway = "diverged", True
             break
-    if auto_tol:
-        converged = stepped or residual_only or (status == "stagnated" and within(r, norm, x, floor=True)
-                                                 and small_step(dx, x, loose=True))
-    else:
-        converged = within(r, norm, x)
+    # the default stops early only on both tests; a run that ends at maxiter or stagnates (an
+    # ill-conditioned Jacobian, a multiple root, an inexact linear solve) is judged by the residual
+    converged = stepped or residual_only or (status in ("maxiter", "stagnated") and within(r, norm, x)) or (
+        status == "stagnated" and auto_tol and within(r, norm, x, floor=True))
     if converged:
         status = "converged"
     else:

@@ -20,6 +20,7 @@ import peers  # noqa: E402
 from harness import Session, Targets, peer_value  # noqa: E402
 
 import asd  # noqa: E402
+from asd.coloring.choose import one_call_prefers_star  # noqa: E402
 from asd.problems import rosenbrock, total_variation  # noqa: E402
 from asd.timing import Progress, fmt_seconds, once, table  # noqa: E402
 
@@ -60,9 +61,9 @@ def measure(s: Session, name: str, make_f, n: int, *, dense: bool, compile: bool
     first_calls = harness.settle(lambda: op(x))  # timed apart: the steady state is measured next
     t["prepared"] = s.measure(name, "asd prepared", lambda: op(x))
     # the coloring sparse_hessian(cache=False) takes: prepared for one evaluation (reuse=False)
-    single = asd.prepare_hessian(f, x, reuse=False, pattern=op.pattern)
+    one_call = "star" if one_call_prefers_star(op.pattern.nnz, op.trace_info.elements) else op.coloring.problem
     r = dict(problem=name, n=n, nnz=int(op.pattern.nnz), coloring=op.coloring.problem, colors=op.ncolors,
-             star_colors=star.ncolors, oneoff_coloring=single.coloring.problem, detection=op.timings["detection"],
+             star_colors=star.ncolors, oneoff_coloring=one_call, detection=op.timings["detection"],
              coloring_time=op.timings["coloring"], prepared_first_calls=first_calls)
     if compile:
         compiled, first = {}, {}

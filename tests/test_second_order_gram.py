@@ -157,3 +157,14 @@ def test_take_rows_of_a_long_range_and_of_its_look_alikes(k):
     swapped[[1, k - 2]] = swapped[[k - 2, 1]]
     for idx in (block, swapped, block.astype(np.int32)):
         assert np.array_equal(S.take_rows(M, idx).toarray(), dense[idx])
+
+
+def test_gram_grows_its_room_past_the_first_reservation():
+    # disjoint blocks of 100 columns: 2e6 entries out of 2e4 in, past the 16x-the-input reservation
+    n, B = 20000, 100
+    G = S._csr(np.arange(0, n + 1, B), np.arange(n), (n // B, n))
+    H = gram(G, G)
+    assert H.nnz == n * B
+    assert np.array_equal(np.diff(H.indptr), np.full(n, B))
+    want = (np.arange(n) // B * B)[:, None] + np.arange(B)[None, :]
+    assert np.array_equal(H.indices.reshape(n, B), want)

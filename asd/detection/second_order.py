@@ -91,7 +91,7 @@ class SecondOrder:
                 longer.append(g)
                 continue
             if nsingle == len(lengths):
-                diagonal[g.indices[int(g.indptr[0]):int(g.indptr[-1])]] = True
+                diagonal[g.indices[:g.nnz]] = True
                 continue
             diagonal[g.indices[g.indptr[:-1][single]]] = True
             multi = np.flatnonzero(lengths > 1)

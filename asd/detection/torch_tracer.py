@@ -755,9 +755,8 @@ class TraceInfo:
     gaps
         The :class:`asd.detection.ad_gaps.Gap` entries (PyTorch derivative formulas known to be
         wrong in some AD mode) that ``f``'s calls fall into.
-    results, elements
-        How many tensors the traced ops computed or wrote in place (views aside) and their elements
-        in all: the size of one evaluation of ``f``, which the cost estimate of a one-call operator
+    elements
+        The elements of the tensors the traced ops computed or wrote in place (views aside): the size of one evaluation of ``f``, which the cost estimate of a one-call operator
         reads (:func:`asd.coloring.choose.one_call_prefers_star`). A lower bound of the work: a
         matrix product or a convolution counts the elements it writes, not its multiplications.
     """
@@ -768,7 +767,6 @@ class TraceInfo:
     calls_autograd: bool
     fallback_ops: frozenset
     gaps: frozenset = frozenset()
-    results: int = 0
     elements: int = 0
 
 
@@ -811,7 +809,6 @@ class Tracer:
         self.no_grad_cut = False
         self.calls_autograd = False
         self.gaps: set = set()
-        self.results = 0
         self.elements = 0
         self._decomposing = 0
         self._input_storages: list[Storage] = []
@@ -822,7 +819,7 @@ class Tracer:
     def info(self) -> TraceInfo:
         """What this trace saw besides the index sets (see :class:`TraceInfo`)."""
         return TraceInfo(frozenset(self.ops_seen), self.writes_input, self.no_grad_cut, self.calls_autograd,
-                         frozenset(self.fallback_ops), frozenset(self.gaps), self.results, self.elements)
+                         frozenset(self.fallback_ops), frozenset(self.gaps), self.elements)
 
     def note_autograd(self) -> None:
         self.calls_autograd = True
@@ -897,7 +894,6 @@ class Tracer:
                 f"internal error: a rule produced {sets.shape[0]} index sets for an output of "
                 f"{primal.numel()} elements"
             )
-        self.results += 1
         self.elements += primal.numel()
         return TracedTensor(Storage(primal, sets), primal, None, self.device)
 
@@ -1284,8 +1280,7 @@ class Tracer:
             for (j, _), s in zip(writes, out_sets):
                 target = b_args[j]
                 target = (restore or {}).get(id(target), target)
-                self.results += 1  # an in-place op computes as its out-of-place variant does
-                self.elements += target.numel()
+                self.elements += target.numel()  # an in-place op computes as its out-of-place variant does
                 if not target._detached:
                     # also with recording off (a no_grad region, an autograd.Function's forward): the
                     # written sets are what reverse mode sees wherever the result is tracked

@@ -180,7 +180,6 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
     runaway = False  # diverged by a steady climb of the residual, not to infinity
     stepped = False  # converged by the default's two tests (the residual and the step at x)
     residual_only = False  # converged by the residual where no step can be taken (a singular Jacobian)
-    dx = None
     while status != "diverged":
         # an explicit tol: the residual alone; the default also takes the Newton step at x, so a point
         # is judged by a Jacobian taken there

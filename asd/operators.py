@@ -217,10 +217,26 @@ class _Warmup:
         self.calls = 0
 
 
+COLD_LOOP_SECONDS = 5.0
+"""The evaluation time the autograd loop may spend in a process where torch.func is cold. Past it, the
+next evaluation runs torch.func's batched products, whose first use costs 2-3 s once (importing
+``torch._dynamo`` and setting up the transforms; B1 N=64 on this 2-core machine) and which then
+evaluate about twice as fast as the loop: the loop's excess has by then cost about that much (ski
+rental)."""
+
+
+class _ColdLoopTime:
+    """The evaluation time the cold-process autograd loop has spent in this process (what
+    :func:`_torch_func_cold` weighs against :data:`COLD_LOOP_SECONDS`)."""
+
+    seconds = 0.0
+
+
 def _torch_func_cold() -> bool:
     """Whether torch.func's first use in this process is still to come (and would import
-    ``torch._dynamo``)."""
-    return "torch._dynamo" not in sys.modules
+    ``torch._dynamo``), and the autograd loop evaluating instead has not yet cost what importing it
+    does."""
+    return "torch._dynamo" not in sys.modules and _ColdLoopTime.seconds < COLD_LOOP_SECONDS
 
 
 def _tracing_of(state) -> Tracing | None:
@@ -499,6 +515,7 @@ class _SparseOperator:
             rng = _rng_state(x)
             warm = self._warmup_now(x)
             if warm is not None:
+                start = time.perf_counter()
                 try:
                     out = self._run_private(run, warm.backend, warm.state, self.decompressor, x)
                 except _WritesInput:
@@ -508,6 +525,9 @@ class _SparseOperator:
                                       rng)
                     if out is None:
                         self._warmup = None
+                finally:
+                    if warm.limit is not None:  # evaluated instead of a cold torch.func
+                        _ColdLoopTime.seconds += time.perf_counter() - start
                 if out is not None:
                     # double backward gives NaN where torch.func's products are finite (a norm's
                     # Hessian at 0): such a call is evaluated by the operator's own strategy. A NaN

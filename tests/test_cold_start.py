@@ -100,3 +100,38 @@ def test_a_custom_function_without_vmap_rule_in_a_fresh_process(tmp_path):
     assert out["e1"] < 1e-12 and out["e2"] < 1e-12
     assert not out["w1"] and any("cannot evaluate" in m for m in out["w2"])
     assert out["strategy"] == "autograd loop"
+
+
+def test_one_off_calls_import_torch_func_once_the_loop_has_cost_as_much(tmp_path):
+    """Ski rental: each one-off in a process where torch.func is cold evaluates with the autograd
+    loop until the loop's evaluations have taken COLD_LOOP_SECONDS; the next one imports
+    torch._dynamo and runs torch.func's batched products. Every result is right on both sides."""
+    script = tmp_path / "rent.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        import torch
+        import asd
+        import asd.operators as O
+        from asd.problems import brusselator, brusselator_input
+
+        O.COLD_LOOP_SECONDS = 0.05
+        f = brusselator(6)
+        xs, Js, cold = [], [], []
+        for k in range(400):
+            x = brusselator_input(6, seed=k)
+            xs.append(x)
+            Js.append(asd.sparse_jacobian(f, x, cache=False).to_dense())
+            cold.append("torch._dynamo" not in sys.modules)
+            if not cold[-1]:
+                break
+        spent = getattr(getattr(O, "_ColdLoopTime", None), "seconds", None)
+        err = max(float((J - torch.func.jacrev(f)(x)).abs().max()) for J, x in zip(Js, xs))
+        print(json.dumps(dict(cold=cold, spent=spent, err=err)))
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    cold = out["cold"]
+    assert cold[0] and not cold[-1] and cold.index(False) == len(cold) - 1 >= 2
+    assert 0.05 <= out["spent"] < 0.5  # the loop stopped once it had cost the limit
+    assert out["err"] < 1e-12

@@ -378,12 +378,16 @@ def choose_hubs(star_u, star_w, hub, key, needed):
 @njit(cache=True)
 def read_from_column(rows, idx, star, hub, out):
     """For every stored entry ``(i, j)``: whether it is read at row ``i`` of ``j``'s color (the
-    diagonal, and an edge whose star's hub is ``j`` or undetermined) rather than at row ``j``
-    (into ``out``, an array numpy allocated: the coloring keeps it without a copy)."""
+    diagonal, an edge whose star's hub is ``j``, and one of an undetermined hub with ``j > i``)
+    rather than at row ``j`` (into ``out``, an array numpy allocated: the coloring keeps it without
+    a copy). Both ``(i, j)`` and ``(j, i)`` are so read from one value of one product: the result
+    is exactly symmetric, also where the products are not (rounding, or a point where ``f`` is not
+    twice differentiable)."""
     for p in range(idx.shape[0]):
         j = idx[p]
-        if rows[p] == j:
+        i = rows[p]
+        if i == j:
             out[p] = True
         else:
             h = hub[star[p]]
-            out[p] = h == j or h < 0
+            out[p] = h == j or (h < 0 and j > i)

@@ -59,7 +59,8 @@ def color_star(pattern, order, seed=0, postprocess=False, perm=None) -> StarColo
         return StarColoring(pattern, order, colors, ncolors, np.zeros(0, np.bool_))
     from asd.coloring._star_kernels import read_from_column
 
-    # (i, j) is read at row i of j's color when the star's hub is j (or undetermined), else at row j
+    # (i, j) is read at row i of j's color when the star's hub is j (undetermined: the larger of i and j), else at
+    # row j: (i, j) and (j, i) read the same value
     from_column = np.empty(idx.shape[0], dtype=np.bool_)
     read_from_column(rows, idx, star, hub, from_column)
     from_column.setflags(write=False)  # the coloring's own: kept uncopied

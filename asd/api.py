@@ -12,7 +12,7 @@ import torch
 from .detection.jacobian import check_input
 from .cache import CACHE, cache_key
 from .errors import CheckError, InputError, StalePatternWarning
-from .operators import EVAL_LOCK, SparseHessian, SparseJacobian, example_input
+from .operators import EVAL_LOCK, SparseHessian, SparseJacobian, custom_function_hint, example_input
 from .options import check_bool
 
 
@@ -92,7 +92,11 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
     key = cache_key(kind, f, x, options)
     op, hit = CACHE.get_or_create(key, f, lambda: cls(f, x, args=args, kwargs=kwargs, **options))
     if not hit:
-        return op, evaluate(op, x)
+        try:
+            return op, evaluate(op, x)
+        except CheckError:  # its first call failed its check: a later call prepares anew, without a stale warning
+            CACHE.discard(key, op)
+            raise
     if op.f is not f:  # the same code written anew (a lambda in a loop): same structure, this function
         op = op.rebind(f)
         CACHE.replace(key, f, op)
@@ -119,8 +123,9 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
     values = result if isinstance(result, torch.Tensor) else result[-1].values()
     report = fresh.check(x, values, args=args, kwargs=kwargs)
     if not report.ok:
-        raise CheckError(f"the freshly prepared {kind} disagrees with its cross-mode check ({report}); the two AD "
-                         "modes of PyTorch disagree on this function: try another mode= / hvp=")
+        raise CheckError(f"the freshly prepared {kind} disagrees with its cross-mode check ({report}); "
+                         f"{custom_function_hint(fresh.trace_info) or 'the two AD modes of PyTorch disagree on this function: '}"
+                         "try another mode= / hvp=")
     CACHE.replace(key, f, fresh)
     return fresh, result
 

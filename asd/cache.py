@@ -553,6 +553,13 @@ class PatternCache:
         with self._lock:
             self._data[key] = entry
 
+    def discard(self, key, op) -> None:
+        """Forget ``key`` where it still holds ``op`` (an operator whose first call failed its check)."""
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is not None and entry.op is op:
+                del self._data[key]
+
     def clear(self) -> None:
         with self._lock:
             self._data.clear()

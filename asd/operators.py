@@ -232,6 +232,18 @@ class _ColdLoopTime:
     seconds = 0.0
 
 
+def custom_function_hint(trace_info) -> str:
+    """Where the trace saw ``f`` compute through custom ``torch.autograd.Function`` classes, a
+    sentence naming them and what a failed check then most likely means; else ``""``."""
+    names = getattr(trace_info, "custom_functions", None)
+    if not names:
+        return ""
+    return (f"f computes through the torch.autograd.Function {', '.join(sorted(names))}: the detection follows "
+            "the ops of its forward, while PyTorch differentiates its backward (or jvp); where these differ "
+            "(a straight-through estimator, a surrogate gradient) the detected pattern misses entries: pass "
+            "pattern= with the pattern of the derivative its backward defines. ")
+
+
 def _torch_func_cold() -> bool:
     """Whether torch.func's first use in this process is still to come (and would import
     ``torch._dynamo``), and the autograd loop evaluating instead has not yet cost what importing it
@@ -837,11 +849,20 @@ class _SparseOperator:
         strategy because of them (the call is then evaluated again)."""
         return False
 
+    def _default_check(self, local: bool):
+        """``check``'s default: every call where the pattern holds at a point or is the user's, the
+        first where ``f`` computes through a custom ``autograd.Function`` (whose derivative may not
+        follow the forward ops the detection traced), else none."""
+        if local or self._user_pattern:
+            return True
+        return "first" if custom_function_hint(self.trace_info) else False
+
     def _verify(self, x: torch.Tensor, values: torch.Tensor, call_args=None) -> None:
         report = self._probe(x, values, call_args or self._prepared_args)
         self._checked = self._checked or report.ok  # a failed first check is made again at the next call
         if not report.ok:
-            raise CheckError(f"{self._what} failed its cross-mode check at this x ({report}). The sparsity "
+            raise CheckError(f"{self._what} failed its cross-mode check at this x ({report}). "
+                             f"{custom_function_hint(self.trace_info)}The sparsity "
                              "pattern does not hold here, the function changed since preparation, or one of "
                              "PyTorch's derivative formulas is wrong for it in this AD mode: prepare the "
                              "operator again (for local=True at this point), pass local=False, or try another "
@@ -983,7 +1004,7 @@ class SparseJacobian(_SparseOperator):
         _warn_if_dense(result, self.pattern)
         self._order = order
         self._trust_arg_values = check is False and not checks_forced()
-        check = _check_option(check, default=local or self._user_pattern)
+        check = _check_option(check, default=self._default_check(local))
         self._setup(self._flat(f), result, x, backend, batch_size, compile, check, trace, explicit=explicit)
         loop = AutogradLoop()
         # reverse mode only: forward-mode AD runs Python reference kernels that import
@@ -1122,7 +1143,7 @@ class SparseHessian(_SparseOperator):
         # an operator that chose acyclic itself may choose again (star), with what _setup needs
         self._screening = check is not False or checks_forced()
         self._rechoose = (order, batch_size, trace, explicit) if coloring is None and backend is None else None
-        check = _check_option(check, default=local or self._user_pattern)
+        check = _check_option(check, default=self._default_check(local))
         self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[self._hvp],
                     explicit=explicit)
         self._screened = False

@@ -31,3 +31,69 @@ def test_a_star_hessian_where_autograd_is_not_symmetric_is_still_symmetric():
     x = torch.tensor([1.0, 3.0, 3.0, 0.0, -2.0, 3.0], dtype=torch.float64)
     H = asd.sparse_hessian(f, x, coloring="star", cache=False).to_dense()
     assert torch.equal(H, H.T)
+
+
+class _RoundSTE(torch.autograd.Function):
+    """round() forward, identity backward: a straight-through estimator."""
+
+    @staticmethod
+    def forward(ctx, a):
+        return torch.round(a)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return a ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (a,) = ctx.saved_tensors
+        return 3 * a ** 2 * g
+
+
+def _ste_scalar(z):
+    return (_RoundSTE.apply(z) * z.roll(1)).sum()
+
+
+_X = torch.tensor([0.3, -1.2, 2.7, 0.9, -0.4], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_straight_through_estimator_is_refused_not_returned_as_zeros(cache):
+    """The tracer followed round() (zero derivative) and returned an all-zero Hessian and Jacobian,
+    where PyTorch's derivative follows the identity backward; now the first call is checked, and the
+    error names the Function. A repeated call says the same, without a stale-pattern warning."""
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", asd.StalePatternWarning)
+            with pytest.raises(asd.CheckError, match="_RoundSTE"):
+                asd.sparse_hessian(_ste_scalar, _X, cache=cache)
+    with pytest.raises(asd.CheckError, match="_RoundSTE.*pattern="):
+        asd.sparse_jacobian(lambda z: _RoundSTE.apply(z) * 2, _X, cache=cache)
+    with pytest.raises(asd.CheckError, match="_RoundSTE"):
+        asd.prepare_jacobian(lambda z: _RoundSTE.apply(z) * 2, _X)(_X)
+
+
+def test_a_custom_function_is_named_in_the_trace_and_its_pattern_can_be_given():
+    _, info = asd.detection.jacobian_pattern(lambda z: _RoundSTE.apply(z) * 2, _X, return_info=True)
+    assert info.custom_functions == {"_RoundSTE"}
+    ref = torch.autograd.functional.hessian(_ste_scalar, _X)
+    H = asd.sparse_hessian(_ste_scalar, _X, pattern=ref != 0).to_dense()
+    torch.testing.assert_close(H, ref)
+
+
+def test_a_custom_function_that_follows_its_forward_passes_its_first_check():
+    f = lambda z: _Cube.apply(z[1:]) * z[:-1]  # noqa: E731
+    x = torch.rand(9, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    op = asd.prepare_jacobian(f, x)
+    assert op.check_mode == "first"
+    for z in (x, x + 0.5):
+        torch.testing.assert_close(op(z).to_dense(), torch.autograd.functional.jacobian(f, z))
+    assert op.last_check is not None and op.last_check.ok
+    assert asd.prepare_jacobian(lambda z: z[1:] * z[:-1], x).check_mode is False

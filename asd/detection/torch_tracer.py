@@ -759,6 +759,11 @@ class TraceInfo:
         The elements of the tensors the traced ops computed or wrote in place (views aside): the size of one evaluation of ``f``, which the cost estimate of a one-call operator
         reads (:func:`asd.coloring.choose.one_call_prefers_star`). A lower bound of the work: a
         matrix product or a convolution counts the elements it writes, not its multiplications.
+    custom_functions
+        Names of the ``torch.autograd.Function`` classes that ``f``'s output was computed through:
+        the trace follows the ops of their ``forward``, PyTorch differentiates their ``backward``
+        (or ``jvp``), which may not follow them (a straight-through estimator), so operators check
+        their first call (:func:`custom_functions_of`).
     """
 
     ops: frozenset
@@ -768,6 +773,7 @@ class TraceInfo:
     fallback_ops: frozenset
     gaps: frozenset = frozenset()
     elements: int = 0
+    custom_functions: frozenset = frozenset()
 
 
 class Tracer:
@@ -810,6 +816,7 @@ class Tracer:
         self.calls_autograd = False
         self.gaps: set = set()
         self.elements = 0
+        self.custom_functions: frozenset = frozenset()
         self._decomposing = 0
         self._input_storages: list[Storage] = []
         # elementwise rules may leave an output's union pending (merged where it is read), unless
@@ -819,7 +826,7 @@ class Tracer:
     def info(self) -> TraceInfo:
         """What this trace saw besides the index sets (see :class:`TraceInfo`)."""
         return TraceInfo(frozenset(self.ops_seen), self.writes_input, self.no_grad_cut, self.calls_autograd,
-                         frozenset(self.fallback_ops), frozenset(self.gaps), self.elements)
+                         frozenset(self.fallback_ops), frozenset(self.gaps), self.elements, self.custom_functions)
 
     def note_autograd(self) -> None:
         self.calls_autograd = True
@@ -1445,6 +1452,24 @@ def trace(f: Callable, x: torch.Tensor, *, local: bool, strict: bool = False,
                        lambda tracer: f(tracer.input(x)))
 
 
+def custom_functions_of(out) -> frozenset:
+    """Names of the ``torch.autograd.Function`` classes whose backward nodes the autograd graph of
+    ``out``'s tensors reaches."""
+    flat, _ = tree_flatten(out)
+    stack = [t.grad_fn for t in flat if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen, names = set(stack), set()
+    while stack:
+        node = stack.pop()
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            cls = getattr(node, "_forward_cls", None)
+            names.add(getattr(cls, "__qualname__", type(node).__name__))
+        for nxt, _ in node.next_functions:
+            if nxt is not None and nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return frozenset(names)
+
+
 def traced_call(make: Callable[[], Tracer], run: Callable[[Tracer], Any]) -> tuple[Any, Tracer]:
     """``run(tracer)`` inside a fresh tracer from ``make()``; returns its output and the tracer.
     Where PyTorch read a traced tensor's memory (it has none), as a sparse constructor's invariant
@@ -1455,6 +1480,7 @@ def traced_call(make: Callable[[], Tracer], run: Callable[[Tracer], Any]) -> tup
         try:
             with tracer:
                 out = run(tracer)
+                tracer.custom_functions = custom_functions_of(out)
         except RuntimeError as e:
             text = str(e)
             if sees_factories or not ("data is not allocated yet" in text or "doesn't have storage" in text):

@@ -59,16 +59,6 @@ def _row_tolerances(J: torch.Tensor, x: torch.Tensor, *, floor: bool = False) ->
     ``(|J| |x|)_i``, or with ``floor=True`` at ``||J_i||_1 ||x||_inf`` (what rounding may leave of a row
     whose intermediates are as large as the largest unknown: the residual a stagnated iteration is
     accepted at); ``None`` where a scale is not finite (no scale to judge by)."""
-    scale = _row_scales(J, x, floor=floor)
-    if scale is None:
-        return None
-    eps = float(torch.finfo(x.dtype).eps)
-    return (min(1e3 * eps, math.sqrt(eps)) * scale.clamp_min(1.0)).clamp_min(1e-10)
-
-
-def _row_scales(J: torch.Tensor, x: torch.Tensor, *, floor: bool) -> torch.Tensor | None:
-    """Each row's ``(|J| |x|)_i``, or with ``floor=True`` its ``||J_i||_1 ||x||_inf``; ``None`` where
-    one is not finite."""
     vals = J.values().detach().abs()
     crow, col = J.crow_indices(), J.col_indices()
     m = crow.numel() - 1
@@ -79,21 +69,10 @@ def _row_scales(J: torch.Tensor, x: torch.Tensor, *, floor: bool) -> torch.Tenso
         scale = torch.zeros(m, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals) * big
     else:
         scale = torch.zeros(m, dtype=vals.dtype, device=vals.device).index_add_(0, rows, vals * xa[col])
-    return scale if bool(torch.isfinite(scale).all()) else None
-
-
-def _within_own_units(J: torch.Tensor | None, x: torch.Tensor, r: torch.Tensor) -> bool:
-    """Whether each residual is within what :func:`default_tolerance` allows terms of order one,
-    taken at the row's own scale ``||J_i||_1 ||x||_inf`` instead (``1e-10 ||J_i||_1 ||x||_inf`` in
-    float64): the default's floors of terms of order one left out, which a system whose values are
-    small for its units (``1e-12 * g(x)``) meets anywhere."""
-    if J is None:
-        return False
-    scale = _row_scales(J, x, floor=True)
-    if scale is None:
-        return False
+    if not bool(torch.isfinite(scale).all()):
+        return None
     eps = float(torch.finfo(x.dtype).eps)
-    return bool((r.detach().abs().reshape(-1) <= max(1e-10, min(1e3 * eps, math.sqrt(eps))) * scale).all())
+    return (min(1e3 * eps, math.sqrt(eps)) * scale.clamp_min(1.0)).clamp_min(1e-10)
 
 
 def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damping: bool = True,
@@ -116,14 +95,10 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         residual that is small only because ``f``'s values are small for its units (``1e-12 * g(x)``)
         does not stop the iteration. It so evaluates one Jacobian more than the steps it takes. A
         run that reaches ``maxiter`` (a multiple root, an inexact solver) or stagnates (no damped
-        step reduces the residual: an ill-conditioned Jacobian at its rounding floor) is judged by
-        the residual alone, stagnation also with each row within the tolerance at
+        step reduces the residual: an ill-conditioned Jacobian at its rounding floor) counts as
+        converged on the residual alone, stagnation also with each row within the tolerance at
         ``||J_i||_1 ||x||_inf`` (its rounding floor where intermediates are as large as the largest
-        unknown), and so is a singular Jacobian (a double root). Since the tolerance's floors of
-        terms of order one say nothing of a system whose values are small for its units, such a
-        residual counts only where it is also within the tolerance at each row's own scale
-        ``||J_i||_1 ||x||_inf`` (``1e-10`` times it in float64), or ``sqrt(eps)`` times the residual
-        at ``x0`` (a root where ``f``'s terms vanish, such as Powell's singular function at 0).
+        unknown); a singular Jacobian where the residual is within tolerance (a double root) too.
         The result's ``tol`` is the tolerance of the row furthest from its own.
     maxiter
         Maximum number of Newton steps.
@@ -198,15 +173,6 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
             return True
         return bool(float(dx.detach().abs().max()) <= math.sqrt(eps) * float(x.detach().abs().max()))
 
-    def residual_alone(r: torch.Tensor, norm: float, x: torch.Tensor, floor: bool = False) -> bool:
-        """The default's acceptance where no step test applies (a singular Jacobian, ``maxiter``,
-        stagnation): the residual within tolerance, and, since the tolerance's floors of terms of
-        order one say nothing where ``f``'s values are small for its units, also within it in
-        ``f``'s own units (:func:`_within_own_units`) or reduced by ``sqrt(eps)`` from ``f(x0)``."""
-        if not within(r, norm, x, floor):
-            return False
-        return not auto_tol or norm <= math.sqrt(eps) * history[0] or _within_own_units(Jk, x, r)
-
     history = [norm]
     it = 0
     state, age = None, 0
@@ -228,7 +194,7 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                     Jk = Jx
                 step, info = solver.compute(state, -r.detach(), warn=False)
         except SingularMatrixError as exc:
-            if auto_tol and residual_alone(r, norm, x):  # no step to judge by: the residual (a double root)
+            if auto_tol and within(r, norm, x):  # no step to judge by: the residual alone (a double root)
                 residual_only = True
                 break
             warnings.warn(f"asd.newton: singular Jacobian at iteration {it + 1} ({exc})", ConvergenceWarning,
@@ -283,8 +249,8 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
             break
     # the default stops early only on both tests; a run that ends at maxiter or stagnates (an
     # ill-conditioned Jacobian, a multiple root, an inexact linear solve) is judged by the residual
-    converged = stepped or residual_only or (status in ("maxiter", "stagnated") and residual_alone(r, norm, x)) or (
-        status == "stagnated" and auto_tol and residual_alone(r, norm, x, floor=True))
+    converged = stepped or residual_only or (status in ("maxiter", "stagnated") and within(r, norm, x)) or (
+        status == "stagnated" and auto_tol and within(r, norm, x, floor=True))
     if converged:
         status = "converged"
     else:

@@ -113,6 +113,11 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
         report = op.check(x, values, args=args, kwargs=kwargs)
         reason = None if report.ok else str(report)
     except (InputError, CheckError) as exc:  # the output changed size; the probe of a call with other arguments
+        if isinstance(exc, CheckError) and not op._checked and custom_function_hint(op.trace_info):
+            # a first check that never passed (another thread's first call fails it too): the custom
+            # Function's derivative, not a stale entry
+            CACHE.discard(key, op)
+            raise
         reason = str(exc)
     if reason is None:
         return op, result
@@ -123,8 +128,8 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
     values = result if isinstance(result, torch.Tensor) else result[-1].values()
     report = fresh.check(x, values, args=args, kwargs=kwargs)
     if not report.ok:
-        raise CheckError(f"the freshly prepared {kind} disagrees with its cross-mode check ({report}); "
-                         f"{custom_function_hint(fresh.trace_info) or 'the two AD modes of PyTorch disagree on this function: '}"
+        hint = custom_function_hint(fresh.trace_info) or "the two AD modes of PyTorch disagree on this function: "
+        raise CheckError(f"the freshly prepared {kind} disagrees with its cross-mode check ({report}); {hint}"
                          "try another mode= / hvp=")
     CACHE.replace(key, f, fresh)
     return fresh, result

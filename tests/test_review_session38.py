@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import pytest
@@ -86,3 +87,28 @@ def test_a_custom_function_that_follows_its_forward_passes_its_first_check():
         torch.testing.assert_close(op(z).to_dense(), torch.autograd.functional.jacobian(f, z))
     assert op.last_check is not None and op.last_check.ok
     assert asd.prepare_jacobian(lambda z: z[1:] * z[:-1], x).check_mode is False
+
+
+def test_two_threads_failing_the_first_check_both_name_the_function():
+    """The second thread got the operator as a cache hit while the first was failing its first check,
+    and warned of a stale pattern before preparing again (20 of 20 runs)."""
+    f = lambda z: _RoundSTE.apply(z) * 2  # noqa: E731
+    barrier, errors = threading.Barrier(2), []
+
+    def call():
+        barrier.wait()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", asd.StalePatternWarning)
+                asd.sparse_jacobian(f, _X)
+        except Exception as exc:  # noqa: BLE001 - collected and judged below
+            errors.append(exc)
+
+    for _ in range(3):
+        errors.clear()
+        threads = [threading.Thread(target=call) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(errors) == 2 and all(isinstance(e, asd.CheckError) and "_RoundSTE" in str(e) for e in errors), errors

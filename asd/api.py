@@ -12,7 +12,8 @@ import torch
 from .detection.jacobian import check_input
 from .cache import CACHE, cache_key
 from .errors import CheckError, InputError, StalePatternWarning
-from .operators import EVAL_LOCK, SparseHessian, SparseJacobian, custom_function_hint, example_input
+from .checks import custom_function_hint
+from .operators import EVAL_LOCK, SparseHessian, SparseJacobian, example_input
 from .options import check_bool
 
 

@@ -99,6 +99,18 @@ def _tolerance(dtype: torch.dtype) -> float:
     return tolerance_of(float(torch.finfo(dtype).eps))
 
 
+def custom_function_hint(trace_info) -> str:
+    """Where the trace saw ``f`` compute through custom ``torch.autograd.Function`` classes, a
+    sentence naming them and what a failed check then most likely means; else ``""``."""
+    names = getattr(trace_info, "custom_functions", None)
+    if not names:
+        return ""
+    return (f"f computes through the torch.autograd.Function {', '.join(sorted(names))}: the detection follows "
+            "the ops of its forward, while PyTorch differentiates its backward (or jvp); where these differ "
+            "(a straight-through estimator, a surrogate gradient) the detected pattern misses entries: pass "
+            "pattern= with the pattern of the derivative its backward defines. ")
+
+
 def tolerance_of(eps: float) -> float:
     """The relative tolerance of a row at working precision ``eps`` (shared with :mod:`asd.jax`)."""
     return 10 * eps ** 0.5

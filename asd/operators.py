@@ -29,7 +29,7 @@ from .detection.jacobian import check_input
 from .backends.traced import CALLS_BEFORE_TRACING, GraphWritesInput, Tracing, _rng_state, _set_rng_state
 from . import arg_values
 from .cache import ValueGuard, fingerprint
-from .checks import CheckReport, checks_forced, probe
+from .checks import CheckReport, checks_forced, custom_function_hint, probe
 from .backends.autograd_loop import AutogradLoop
 from .detection.ad_gaps import refusal_fix, unsafe_modes
 from .errors import ADGapError, ADGapWarning, AsdError, CheckError, InputError, TransformUnsupported
@@ -230,18 +230,6 @@ class _ColdLoopTime:
     :func:`_torch_func_cold` weighs against :data:`COLD_LOOP_SECONDS`)."""
 
     seconds = 0.0
-
-
-def custom_function_hint(trace_info) -> str:
-    """Where the trace saw ``f`` compute through custom ``torch.autograd.Function`` classes, a
-    sentence naming them and what a failed check then most likely means; else ``""``."""
-    names = getattr(trace_info, "custom_functions", None)
-    if not names:
-        return ""
-    return (f"f computes through the torch.autograd.Function {', '.join(sorted(names))}: the detection follows "
-            "the ops of its forward, while PyTorch differentiates its backward (or jvp); where these differ "
-            "(a straight-through estimator, a surrogate gradient) the detected pattern misses entries: pass "
-            "pattern= with the pattern of the derivative its backward defines. ")
 
 
 def _torch_func_cold() -> bool:

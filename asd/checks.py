@@ -177,19 +177,52 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
     gen = generator if generator is not None else torch.Generator(device=xf.device).manual_seed(0x5eed)
     sides: dict = {}  # drawn and multiplied only when a product needs them
 
+    def make_side(which: str, w: torch.Tensor) -> tuple:
+        if which == "v":  # CSR matrix-vector products: the common probe, kept cheap
+            prod, scale = _csr_times(op.decompressor, vals, w)
+        else:
+            prod, full = _sparse_times(rows, cols, vals, w, n, transpose=True)
+            scale = lambda full=full: full  # noqa: E731
+        return w, prod, scale
+
     def side(which: str):
         """``(random vector, sparse product, its rounding scale)``: ``"v"`` for ``A @ v``, ``"u"`` for
         ``A^T @ u``."""
         if which not in sides:
             size = m if which == "u" else n
-            w = torch.rand(size, dtype=dt, device=xf.device, generator=gen) * 2 - 1
-            if which == "v":  # CSR matrix-vector products: the common probe, kept cheap
-                prod, scale = _csr_times(op.decompressor, vals, w)
-            else:
-                prod, full = _sparse_times(rows, cols, vals, w, n, transpose=True)
-                scale = lambda full=full: full  # noqa: E731
-            sides[which] = (w, prod, scale)
+            sides[which] = make_side(which, torch.rand(size, dtype=dt, device=xf.device, generator=gen) * 2 - 1)
         return sides[which]
+
+    def outside_pattern(which: str, product: Callable, got: torch.Tensor, ref: torch.Tensor,
+                        local: torch.Tensor) -> _Verdict | None:
+        """The lines (rows of ``A v``, columns of ``A^T u``) that passed only by the row floor, probed
+        again with a vector that vanishes on their stored entries' other index: the sparse side is
+        then exactly 0 there, so any product there beyond their tolerance is an entry the pattern
+        misses (rounding of the stored entries, which the floor is for, cannot show there). ``None``
+        where none fails."""
+        suspect = (got - ref).abs() > tol * local
+        if not bool(suspect.any()):
+            return None
+        lines, other = (rows, cols) if which == "v" else (cols, rows)
+        w = torch.rand(sides[which][0].shape, dtype=dt, device=xf.device, generator=gen) * 2 - 1
+        w[other[suspect[lines]]] = 0
+        if not bool((w != 0).any()):
+            return None
+        kept = sides[which]
+        sides[which] = make_side(which, w)
+        try:
+            again = product().detach().reshape(-1).to(dt)
+            mine = sides[which][1]
+        except Exception:  # noqa: BLE001 - the product evaluated once already: no second verdict
+            return None
+        finally:
+            sides[which] = kept
+        diff = torch.where(suspect & torch.isfinite(again), (again - mine).abs(), torch.zeros_like(again))
+        excess = diff - tol * local
+        worst = int(excess.argmax())
+        if float(excess[worst]) <= 0:
+            return None
+        return _Verdict(False, float(diff[worst]), float(local[worst]), worst)
 
     def v():
         return side("v")[0].to(xf.dtype)
@@ -238,7 +271,11 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
         # the common verdict, settled without the rounding scale (|A| |v| >= |A v| in every row)
         verdict = _rows_agree(mine, candidate, candidate.abs(), tol, row_floor)
         if verdict.ok:
-            return CheckReport(True, verdict.error, verdict.scale, tol, name)
+            missed = outside_pattern(which, product, mine, candidate, candidate.abs())
+            if missed is None:
+                return CheckReport(True, verdict.error, verdict.scale, tol, name)
+            return CheckReport(False, missed.error, missed.scale, tol, f"{name} on a vector vanishing on the stored "
+                               "entries of the rows it checks", missed.row)
         if not torch.isfinite(candidate).all() and torch.isfinite(mine).all():
             # PyTorch's formula may fail where the values are finite (not evidence), or the values
             # miss a NaN or infinite derivative (a stale pattern): the finite entries decide
@@ -260,7 +297,8 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
     full = scale()
     if finite is not None:
         got, ref, full = got[finite], ref[finite], (full[finite] if full.numel() else full)
-    verdict = _rows_agree(got, ref, torch.maximum(full, ref.abs()) if full.numel() else ref.abs(), tol, row_floor)
+    local = torch.maximum(full, ref.abs()) if full.numel() else ref.abs()
+    verdict = _rows_agree(got, ref, local, tol, row_floor)
     if verdict.row is not None and finite is not None:
         verdict = _Verdict(verdict.ok, verdict.error, verdict.scale, int(torch.nonzero(finite).reshape(-1)[verdict.row]))
     ok = verdict.ok
@@ -270,6 +308,11 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
             ok = float((got - ref).abs().max()) <= _floor(g, xf, dt, 2 if hessian else 1)
         except Exception:  # noqa: BLE001 - f does not run plainly here: keep the relative verdict
             ok = False
+    if ok and finite is None:  # passed by a floor: no entry outside the pattern hides below it
+        missed = outside_pattern(which, product, got, ref, local)
+        if missed is not None:
+            return CheckReport(False, missed.error, missed.scale, tol, f"{what} on a vector vanishing on the stored "
+                               "entries of the rows it checks", missed.row)
     return CheckReport(ok, verdict.error, verdict.scale, tol, what, None if ok else verdict.row)
 
 

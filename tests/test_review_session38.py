@@ -112,3 +112,43 @@ def test_two_threads_failing_the_first_check_both_name_the_function():
         for t in threads:
             t.join()
         assert len(errors) == 2 and all(isinstance(e, asd.CheckError) and "_RoundSTE" in str(e) for e in errors), errors
+
+
+def test_a_small_row_missing_an_entry_fails_its_check():
+    """A row 1e4 below the largest (float32) passed by the row floor whatever its error: a user
+    pattern that put its entry in the wrong column, and a local pattern called where its branch
+    moved, returned a wrong row without a word (found by this session's asd.jax hunt, the same rule)."""
+    f = lambda v: torch.stack([1e4 * v.sum(), torch.sin(v[2])])  # noqa: E731
+    x = torch.tensor([0.3, 0.5, 0.7])
+    wrong = torch.tensor([[1, 1, 1], [0, 1, 0]], dtype=torch.bool)
+    with pytest.raises(asd.CheckError, match="vanishing on the stored entries"):
+        asd.prepare_jacobian(f, x, pattern=wrong, mode="reverse")(x)
+    right = torch.tensor([[1, 1, 1], [0, 0, 1]], dtype=torch.bool)
+    torch.testing.assert_close(asd.prepare_jacobian(f, x, pattern=right, mode="reverse")(x).to_dense(),
+                               torch.autograd.functional.jacobian(f, x))
+    g = lambda v: torch.stack([1e5 * v[0], torch.where(v[1] > 0, v[1], v[2])])  # noqa: E731
+    op = asd.prepare_jacobian(g, torch.tensor([1.0, 1.0, 1.0]), local=True)
+    with pytest.raises(asd.CheckError, match="vanishing on the stored entries"):
+        op(torch.tensor([1.0, -1.0, 1.0]))
+
+
+def test_asd_jax_checks_a_small_row_missing_an_entry():
+    """The same row floor in asd.jax's check (float32, JAX's default): a wrong row 1e4 below the
+    largest passed, for pattern= and for a local pattern called where its branch moved."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    import numpy as np
+
+    import asd.jax as aj
+
+    f = lambda v: jnp.stack([1e4 * jnp.sum(v), jnp.sin(v[2])])  # noqa: E731
+    x = jnp.array([0.3, 0.5, 0.7], jnp.float32)
+    for mode in ("forward", "reverse"):
+        with pytest.raises(asd.CheckError):
+            aj.prepare_jacobian(f, x, pattern=np.array([[1, 1, 1], [0, 1, 0]], bool), mode=mode)(x)
+        op = aj.prepare_jacobian(f, x, pattern=np.array([[1, 1, 1], [0, 0, 1]], bool), mode=mode)
+        np.testing.assert_allclose(np.asarray(op(x).todense()), np.asarray(jax.jacfwd(f)(x)), rtol=1e-6)
+    g = lambda v: jnp.stack([1e5 * v[0], jnp.where(v[1] > 0, v[1], v[2])])  # noqa: E731
+    op = aj.prepare_jacobian(g, jnp.array([1.0, 1.0, 1.0]), local=True)
+    with pytest.raises(asd.CheckError):
+        op(jnp.array([1.0, -1.0, 1.0]))

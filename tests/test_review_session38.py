@@ -152,3 +152,23 @@ def test_asd_jax_checks_a_small_row_missing_an_entry():
     op = aj.prepare_jacobian(g, jnp.array([1.0, 1.0, 1.0]), local=True)
     with pytest.raises(asd.CheckError):
         op(jnp.array([1.0, -1.0, 1.0]))
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_a_small_row_with_rounding_from_cancellation_is_no_false_alarm(mode):
+    """The second check of rows passing only by the floor uses a vector that vanishes on their stored
+    entries: a row whose rounding (cancelling terms of 3e5^2 in float32) exceeds its own tolerance
+    beside a row of 1e8 is right, and its rounding must not show in that second check, in torch and
+    in asd.jax."""
+    c = 3e5
+    x = torch.tensor([0.3, 0.5, 0.7])
+    f = lambda v: torch.stack([1e8 * v.sum(), (v[0] + c) * (v[1] + c) - c * c - c * (v[0] + v[1])])  # noqa: E731
+    op = asd.prepare_jacobian(f, x, check=True, mode=mode)
+    op(x)
+    assert op.last_check.ok
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    import asd.jax as aj
+
+    g = lambda v: jnp.stack([1e8 * jnp.sum(v), (v[0] + c) * (v[1] + c) - c * c - c * (v[0] + v[1])])  # noqa: E731
+    aj.prepare_jacobian(g, jnp.asarray(x.numpy()), check=True, mode=mode)(jnp.asarray(x.numpy()))

@@ -127,28 +127,26 @@ class _SparseOperator:
         # the precision of the values: the output's where it is coarser than x's (float32 from float64)
         eps = max(float(jnp.finfo(t).eps) for t in (self.dtype, self._out_dtype, values.dtype, ref_dtype))
         rows = np.flatnonzero(keep)
-        verdict = _rows_agree(*(torch.from_numpy(a[rows]) for a in (mine, ref, scale)), tolerance_of(eps),
+        tol = tolerance_of(eps)
+        verdict = _rows_agree(*(torch.from_numpy(a[rows]) for a in (mine, ref, scale)), tol,
                               eps ** ROW_FLOOR_POWER)  # the torch probe's row-by-row rule
         if verdict.ok:
             # entries that passed only by the row floor, probed again with a vector that vanishes on their
             # stored entries' columns: the values' side is then exactly 0 there, any product a missed entry
-            tol = tolerance_of(eps)
             suspect = keep & (np.abs(mine - ref) > tol * scale)
             if not suspect.any():
                 return
-            lines = (sp.csr_array((np.ones(len(indices)), indices, indptr), shape=self._shape).T if transpose else
-                     sp.csr_array((np.ones(len(indices)), indices, indptr), shape=self._shape)).tocsr()
             w = np.random.default_rng(0x5EED + 1).uniform(-1.0, 1.0, vv.shape[0])
-            w[lines[np.flatnonzero(suspect)].indices] = 0
+            w[A.tocsr()[np.flatnonzero(suspect)].indices] = 0  # A's stored entries, explicit zeros included
             if not w.any():
                 return
-            again = np.asarray(product(x, jax.device_put(jnp.asarray(w, dtype=v.dtype), self.device)),
-                               dtype=np.float64).reshape(-1)
-            bad = suspect & np.isfinite(again) & (np.abs(again - A @ w) > tol * scale)
+            ref = np.asarray(product(x, jax.device_put(jnp.asarray(w, dtype=v.dtype), self.device)),
+                             dtype=np.float64).reshape(-1)
+            mine = A @ w
+            bad = suspect & np.isfinite(ref) & (np.abs(ref - mine) > tol * scale)
             if not bad.any():
                 return
             row = int(np.flatnonzero(bad)[0])
-            mine, ref = A @ w, again
         else:
             row = int(rows[verdict.row])
         raise CheckError(

@@ -1127,14 +1127,13 @@ class SparseHessian(_SparseOperator):
         self._g = self._flat(f)
         self._compile = compile
         self._trust_arg_values = check is False and not checks_forced()
-        # substitution's rounding is screened at the first call (and at checked ones) unless check=False;
+        # substitution's rounding is screened at every call unless check=False;
         # an operator that chose acyclic itself may choose again (star), with what _setup needs
         self._screening = check is not False or checks_forced()
         self._rechoose = (order, batch_size, trace, explicit) if coloring is None and backend is None else None
         check = _check_option(check, default=self._default_check(local))
         self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[self._hvp],
                     explicit=explicit)
-        self._screened = False
         if not explicit and backend is None and not compile:
             self._default_warmup(x)
 
@@ -1145,12 +1144,12 @@ class SparseHessian(_SparseOperator):
             self._start_warmup(AutogradLoop(), limit=1)
 
     def _screen(self, x: torch.Tensor, values: torch.Tensor, changed: bool) -> bool:
-        """Substitution's rounding (:func:`asd.decompression.precision.substitution_excess`), at the
-        first call and at checked ones: beyond what a check tolerates, a :class:`asd.PrecisionWarning`,
-        and an operator that chose the acyclic coloring itself colors again with star (direct)."""
+        """Substitution's rounding (:func:`asd.decompression.precision.substitution_excess`), at every
+        call (the bound of the walk that solved the values, on the CPU): beyond what a check
+        tolerates, a :class:`asd.PrecisionWarning`, and an operator that chose the acyclic coloring
+        itself colors again with star (direct). The rounding follows the values: a point where a
+        large entry feeds a chain of small ones may come at any call."""
         if not isinstance(self.coloring.plan, SubstitutionPlan) or not self._screening:
-            return False
-        if self._screened and not (changed or self.check_mode is True):
             return False
         from .decompression.precision import judge_substitution
 
@@ -1166,10 +1165,9 @@ class SparseHessian(_SparseOperator):
                 self._default_warmup(x)
             return self.ncolors
 
-        switched = judge_substitution(self.coloring.plan, self.coloring.pattern, values, self.ncolors,
-                                      None if self._rechoose is None else recolor, stacklevel=4)
-        self._screened = True  # (once judged)
-        return switched
+        return judge_substitution(self.coloring.plan, self.coloring.pattern, values, self.ncolors,
+                                  None if self._rechoose is None else recolor, stacklevel=4,
+                                  excess=self.decompressor.excess(values))
 
     def _fallbacks(self):
         coloring = self.coloring

@@ -16,12 +16,90 @@ def _substitute(flat, step_pos, step_pos_t, step_src, dep_ptr, dep_pos, out):
     return out
 
 
+@njit(cache=True)
+def _substitute_bounded(flat, step_pos, step_pos_t, step_src, dep_ptr, dep_pos, out, bound, eps, tol, loose):
+    """:func:`_substitute`, with each entry's rounding bound (in units of eps, as
+    :func:`rounding_excess` walks it) in ``bound``. Returns how many steps wrote an entry whose
+    bound exceeds ``tol`` times its own magnitude (``eps * b > tol * |v|``; listed first in
+    ``loose``) and the largest magnitude written. An entry within that is within it against the
+    scale of either of its rows, which is at least its own."""
+    nloose = 0
+    top = 0.0
+    for k in range(step_pos.shape[0]):
+        v = flat[step_src[k]]
+        b = 0.0
+        for d in range(dep_ptr[k], dep_ptr[k + 1]):
+            q = dep_pos[d]
+            v -= out[q]
+            b += bound[q]
+        a = abs(v)
+        b += a
+        if a > top:
+            top = a
+        if eps * b > tol * a:
+            loose[nloose] = k
+            nloose += 1
+        p, pt = step_pos[k], step_pos_t[k]
+        out[p] = v
+        out[pt] = v
+        bound[p] = b
+        bound[pt] = b
+    return nloose, top
+
+
+@njit(cache=True)
+def _row_max(values, indptr, i):
+    m = 0.0
+    for p in range(indptr[i], indptr[i + 1]):
+        a = abs(values[p])
+        if a > m:
+            m = a
+    return m
+
+
+@njit(cache=True)
+def _excess_of_loose(values, bound, indptr, indices, rows, step_pos, loose, nloose, top, eps, tol, floor_power):
+    # the loose entries alone, each against the smaller of its two rows (at least the floor)
+    floor = top * eps ** floor_power
+    worst = 0.0
+    for t in range(nloose):
+        p = step_pos[loose[t]]
+        scale = max(min(_row_max(values, indptr, rows[p]), _row_max(values, indptr, indices[p])), floor)
+        if scale > 0.0:
+            r = eps * bound[p] / (tol * scale)
+            if r > worst:
+                worst = r
+    return worst
+
+
+def _out(flat, plan):
+    # a plan whose steps write every entry needs no zero fill (a tenth of the call at n = 10^5)
+    return np.empty(plan.nnz, dtype=flat.dtype) if plan.writes_every_entry else np.zeros(plan.nnz, dtype=flat.dtype)
+
+
 def substitute_numba(flat, plan):
     """Values in CSR order from the flat compressed buffer and a :class:`SubstitutionPlan`."""
     flat = np.ascontiguousarray(flat)
-    # a plan whose steps write every entry needs no zero fill (a tenth of the call at n = 10^5)
-    out = np.empty(plan.nnz, dtype=flat.dtype) if plan.writes_every_entry else np.zeros(plan.nnz, dtype=flat.dtype)
-    return _substitute(flat, plan.step_pos, plan.step_pos_t, plan.step_src, plan.dep_ptr, plan.dep_pos, out)
+    return _substitute(flat, plan.step_pos, plan.step_pos_t, plan.step_src, plan.dep_ptr, plan.dep_pos,
+                       _out(flat, plan))
+
+
+def substitute_screened(flat, plan, indptr, indices, rows, eps, tol, floor_power):
+    """:func:`substitute_numba` and, from the same walk, :func:`rounding_excess` of its values
+    (``indptr``, ``indices``, ``rows``: the symmetric pattern's CSR arrays and the row of every
+    entry), judged only at the entries whose bound exceeds ``tol`` times the entry itself: the
+    rest cannot exceed it against their rows. 0 where there are none."""
+    flat = np.ascontiguousarray(flat)
+    out = _out(flat, plan)
+    # entries no step writes are 0 and bound by 0 (the plan's zero fill)
+    bound = np.empty(plan.nnz, dtype=np.float64) if plan.writes_every_entry else np.zeros(plan.nnz, dtype=np.float64)
+    loose = np.empty(plan.step_pos.shape[0], dtype=np.int64)
+    nloose, top = _substitute_bounded(flat, plan.step_pos, plan.step_pos_t, plan.step_src, plan.dep_ptr,
+                                      plan.dep_pos, out, bound, eps, tol, loose)
+    if nloose == 0:
+        return out, 0.0
+    return out, _excess_of_loose(out, bound, indptr, indices, rows, plan.step_pos, loose, nloose, top, eps, tol,
+                                 floor_power)
 
 
 @njit(cache=True)
@@ -316,43 +394,34 @@ def plan_error(nnz, size, step_pos, step_pos_t, step_src, dep_ptr, dep_pos, dep_
     return ""
 
 
-
 @njit(cache=True)
-def rounding_excess(values, indptr, indices, step_pos, step_pos_t, dep_ptr, dep_pos, eps, tol, floor_power):
-    """The largest ratio, over the stored entries (CSR ``indptr``/``indices`` of a symmetric
-    pattern, ``values`` in its order), of a bound on the rounding substitution accumulated in an
-    entry to ``tol`` times the scale of its two rows (the largest magnitude in either, at least
-    ``eps ** floor_power`` of the largest of all). The bound, in units of ``eps``: the entry's own
-    magnitude plus the bounds of the entries subtracted from it (each step ``v = b - sum(deps)``
-    rounds ``|b| <= |v| + sum|deps|``)."""
-    n = indptr.shape[0] - 1
-    nnz = values.shape[0]
-    rowmax = np.zeros(n, dtype=np.float64)
+def rounding_excess(values, indptr, indices, rows, step_pos, step_pos_t, dep_ptr, dep_pos, eps, tol, floor_power):
+    """The largest ratio, over the stored entries (``values``, in the CSR order of a symmetric
+    pattern: ``indptr``, ``indices`` and the row of every entry), of a bound on the rounding
+    substitution accumulated in an entry to ``tol`` times the scale of the smaller of its two
+    rows (an entry is as much the small row's as the large one's; a row's scale is its largest
+    magnitude, at least ``eps ** floor_power`` of the largest of all), where some entry's bound
+    exceeds ``tol`` times its own magnitude; 0 where none does (then none can exceed it against
+    its rows). The bound, in units of ``eps``: the entry's own magnitude plus the bounds of the
+    entries subtracted from it (each step ``v = b - sum(deps)`` rounds ``|b| <= |v| + sum|deps|``).
+    Entries that are not finite are the probe's to judge."""
+    bound = np.zeros(values.shape[0], dtype=np.float64)
+    loose = np.empty(step_pos.shape[0], dtype=np.int64)
+    nloose = 0
     top = 0.0
-    for i in range(n):
-        m = 0.0
-        for p in range(indptr[i], indptr[i + 1]):
-            a = abs(values[p])
-            if a > m:
-                m = a
-        rowmax[i] = m
-        if m > top:
-            top = m
-    floor = top * eps ** floor_power
-    bound = np.zeros(nnz, dtype=np.float64)
     for k in range(step_pos.shape[0]):
         p = step_pos[k]
-        b = abs(values[p])
+        a = abs(values[p])
+        b = a
         for d in range(dep_ptr[k], dep_ptr[k + 1]):
             b += bound[dep_pos[d]]
+        if a > top:
+            top = a
+        if eps * b > tol * a:
+            loose[nloose] = k
+            nloose += 1
         bound[p] = b
         bound[step_pos_t[k]] = b
-    worst = 0.0
-    for i in range(n):
-        for p in range(indptr[i], indptr[i + 1]):
-            scale = max(rowmax[i], rowmax[indices[p]], floor)
-            if scale > 0.0:
-                r = eps * bound[p] / (tol * scale)
-                if r > worst:
-                    worst = r
-    return worst
+    if nloose == 0:
+        return 0.0
+    return _excess_of_loose(values, bound, indptr, indices, rows, step_pos, loose, nloose, top, eps, tol, floor_power)

@@ -160,6 +160,8 @@ class Decompressor:
         # level-wise path runs (off the CPU): on the CPU the Numba kernel reads the plan itself, and
         # a long elimination tree has tens of thousands of levels
         self.index = prepared(self.plan, self.device).index if isinstance(self.plan, DirectPlan) else None
+        self._excess_args: dict = {}
+        self._judged: tuple | None = None
 
     @cached_property
     def rows(self) -> torch.Tensor:
@@ -173,7 +175,33 @@ class Decompressor:
         _check_size(flat, self.size)
         if self.index is not None:
             return flat.index_select(0, self.index)
+        if (flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64)
+                and not (flat.requires_grad and torch.is_grad_enabled())):
+            from ._substitution_kernels import substitute_screened
+            from .precision import excess_arguments
+
+            args = self._excess_args.get(flat.dtype)
+            if args is None:
+                args = self._excess_args[flat.dtype] = excess_arguments(self._pattern, flat.dtype)
+            out, excess = substitute_screened(flat.detach().numpy(), self.plan, *args)
+            vals = torch.from_numpy(out)
+            # the bound comes from the walk that solved these values: it is theirs for as long as
+            # nobody else holds them (the operator judges them before it returns them)
+            self._judged = (weakref.ref(vals), float(excess))
+            return vals
         return substitute(self.plan, flat).to(compressed.dtype)
+
+    def excess(self, values: torch.Tensor) -> float:
+        """Substitution's rounding in ``values``
+        (:func:`asd.decompression.precision.substitution_excess`): the bound of the walk that
+        solved them, where they are the latest values this decompressor returned, otherwise
+        bounded anew."""
+        from .precision import substitution_excess
+
+        judged = self._judged
+        if judged is not None and judged[0]() is values:
+            return judged[1]
+        return substitution_excess(self.plan, self._pattern, values)
 
     def csr(self, values: torch.Tensor) -> torch.Tensor:
         """A ``torch.sparse_csr`` tensor with this pattern and ``values``."""

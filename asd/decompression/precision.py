@@ -5,9 +5,11 @@ before it, so an entry inherits the rounding of every entry it was solved from: 
 entry feeds a chain of small ones, the small ones lose the digits of the ratio (direct
 decompression reads each entry from one product and keeps them all). The bound of
 :func:`~asd.decompression._substitution_kernels.rounding_excess` (linear in the chain, so
-pessimistic on long chains of alike entries) is judged per entry against the scale of its rows,
-as the probe judges a product (:mod:`asd.checks`): a row far below the largest (``eps ** 0.6``)
-counts at that floor.
+pessimistic on long chains of alike entries) is judged per entry against the scale of the smaller
+of its two rows, as the probe judges a row (:mod:`asd.checks`): an entry is also its mirror in the
+small row, which direct decompression would have kept to that row's digits. A row far below the
+largest (``eps ** 0.6``) counts at that floor. Operators judge every call's values: the rounding
+follows the values, and a point where a large entry feeds small ones may come at any call.
 """
 
 from __future__ import annotations
@@ -21,25 +23,34 @@ import torch
 
 from .plans import SubstitutionPlan
 
-__all__ = ["substitution_excess", "warn_lost_precision", "judge_substitution"]
+__all__ = ["excess_arguments", "substitution_excess", "warn_lost_precision", "judge_substitution"]
+
+
+def excess_arguments(pattern, dtype: torch.dtype) -> tuple:
+    """What :func:`~asd.decompression._substitution_kernels.rounding_excess` reads beside the plan
+    and the values: the pattern's row pointers, column indices and the row of every entry (int64),
+    ``eps`` of ``dtype``, the tolerance of a row at that ``eps`` and the power of the floor of a
+    row's scale."""
+    from ..checks import ROW_FLOOR_POWER, tolerance_of
+
+    eps = float(torch.finfo(dtype).eps)
+    return (np.asarray(pattern.indptr, dtype=np.int64), np.asarray(pattern.indices, dtype=np.int64),
+            np.asarray(pattern.rows, dtype=np.int64), eps, tolerance_of(eps), ROW_FLOOR_POWER)
 
 
 def substitution_excess(plan: SubstitutionPlan, pattern, values: torch.Tensor) -> float:
     """The largest ratio, over the stored entries, of substitution's rounding bound to the error
     the probe accepts in the entry's rows (``10 sqrt(eps)`` of their scale): above 1, some entries
-    may be wrong beyond what a check tolerates. 0 for values that are not finite (the probe's)."""
-    from ..checks import ROW_FLOOR_POWER, tolerance_of
+    may be wrong beyond what a check tolerates (at most 1 where none may be; entries that are not
+    finite are the probe's)."""
     from ._substitution_kernels import rounding_excess
 
     if not values.is_floating_point() or values.numel() == 0 or values.device.type == "meta":
         return 0.0  # no values to judge (the meta device checks shapes only)
     v = values.detach().to("cpu", torch.float64).numpy()
-    if not np.isfinite(v).all():
-        return 0.0
-    eps = float(torch.finfo(values.dtype).eps)
-    return float(rounding_excess(v, np.asarray(pattern.indptr, dtype=np.int64),
-                                 np.asarray(pattern.indices, dtype=np.int64), plan.step_pos, plan.step_pos_t,
-                                 plan.dep_ptr, plan.dep_pos, eps, tolerance_of(eps), ROW_FLOOR_POWER))
+    indptr, indices, rows, eps, tol, power = excess_arguments(pattern, values.dtype)
+    return float(rounding_excess(v, indptr, indices, rows, plan.step_pos, plan.step_pos_t, plan.dep_ptr, plan.dep_pos,
+                                 eps, tol, power))
 
 
 def warn_lost_precision(excess: float, *, switched: tuple[int, int] | None = None, stacklevel: int = 2) -> None:
@@ -58,12 +69,15 @@ def warn_lost_precision(excess: float, *, switched: tuple[int, int] | None = Non
 
 
 def judge_substitution(plan: SubstitutionPlan, pattern, values: torch.Tensor, ncolors: int,
-                       recolor: Callable[[], int] | None = None, *, stacklevel: int = 2) -> bool:
-    """Judge substitution's rounding of ``values`` (:func:`substitution_excess`): beyond what a check
-    tolerates, warn (:func:`warn_lost_precision`) and, where the operator may color again, call
-    ``recolor`` (it sets up a star coloring and returns its number of colors). ``True`` where it
-    did: the values at hand come from the old coloring."""
-    excess = substitution_excess(plan, pattern, values)
+                       recolor: Callable[[], int] | None = None, *, stacklevel: int = 2,
+                       excess: float | None = None) -> bool:
+    """Judge substitution's rounding of ``values`` (:func:`substitution_excess`, or ``excess`` where
+    the decompression has bounded it already): beyond what a check tolerates, warn
+    (:func:`warn_lost_precision`) and, where the operator may color again, call ``recolor`` (it
+    sets up a star coloring and returns its number of colors). ``True`` where it did: the values
+    at hand come from the old coloring."""
+    if excess is None:
+        excess = substitution_excess(plan, pattern, values)
     if excess <= 1.0:
         return False
     if recolor is None:

@@ -306,7 +306,6 @@ class DistributedOperator:
         self._send, self._take = _t(ex.send, x.device), _t(ex.take, x.device)
         self._flags = _t(ex.flags, x.device)
         self.last_call_bytes = self.last_call_bytes_sent = self.last_call_bytes_received = 0
-        self._screened = False
 
     def _share_products(self, g, x, a: int, b: int, batch_size, compile) -> list[BatchedProducts]:
         """Batched products of colors ``a:b`` of the flat buffer, block by block of the coloring."""
@@ -475,9 +474,9 @@ class DistributedOperator:
     def _finish(self, assembled: torch.Tensor) -> torch.Tensor:
         if isinstance(self.coloring.plan, SubstitutionPlan):
             values = self.decompressor.values(assembled)
-            if not self._screened:  # substitution's rounding, at the first call as in one process (warned only)
-                self._screened = True
-                judge_substitution(self.coloring.plan, self.coloring.pattern, values, self.ncolors, stacklevel=4)
+            # substitution's rounding, at every call as in one process (warned only)
+            judge_substitution(self.coloring.plan, self.coloring.pattern, values, self.ncolors, stacklevel=4,
+                               excess=self.decompressor.excess(values))
             if isinstance(self.output, Rows):
                 lo, hi = (int(self.coloring.indptr[r]) for r in self.row_range)
                 return values[lo:hi]

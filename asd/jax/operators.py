@@ -441,10 +441,9 @@ class SparseHessian(_SparseOperator):
         self._with_grad = None
         self._finish(result, _hvp_products(g), batch_size, constants=False)
         self._checking(check, local, pattern, lambda v, t: jax.jvp(jax.grad(g), (v.reshape(-1),), (t,))[1], n)
-        # substitution's rounding is bounded at the first call (every call with check=True) unless
-        # check=False; an operator that chose acyclic itself may color again (star)
+        # substitution's rounding is bounded at every call unless check=False; an operator that
+        # chose acyclic itself may color again (star)
         self._screening = check is not False
-        self._screened = False
         self._rechoose = order if coloring is None else None
         self._compile_now(x)
 
@@ -454,7 +453,7 @@ class SparseHessian(_SparseOperator):
         warns (:class:`asd.PrecisionWarning`), and an operator that chose acyclic colors again with star."""
         if not isinstance(self.coloring.plan, SubstitutionPlan) or not self._screening:
             return False
-        if (self._screened and not self.check) or isinstance(values, jax.core.Tracer):
+        if isinstance(values, jax.core.Tracer):
             return False  # under the user's jax.jit: no values to judge (the next eager call is screened)
         def recolor() -> int:
             result = choose_hessian(self.pattern, "star", self._rechoose, exact_arithmetic=True, max_levels=None)
@@ -465,7 +464,6 @@ class SparseHessian(_SparseOperator):
 
         switched = judge_substitution(self.coloring.plan, self.coloring.pattern, torch.from_numpy(np.array(values)),
                                       self.ncolors, None if self._rechoose is None else recolor, stacklevel=4)
-        self._screened = True
         return switched
 
     def value_grad_hessian(self, x):

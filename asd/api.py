@@ -13,7 +13,7 @@ from .detection.jacobian import check_input
 from .cache import CACHE, cache_key
 from .errors import CheckError, InputError, StalePatternWarning
 from .checks import custom_function_hint
-from .operators import EVAL_LOCK, SparseHessian, SparseJacobian, example_input
+from .operators import SparseHessian, SparseJacobian, example_input
 from .options import check_bool
 
 
@@ -102,14 +102,9 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
         op = op.rebind(f)
         CACHE.replace(key, f, op)
     try:
-        # evaluated and screened under one strategy: another thread's screen of this cached
-        # operator may change it
-        with EVAL_LOCK:
-            result = evaluate(op, x)
-            values = result if isinstance(result, torch.Tensor) else result[-1].values()
-            if op._screen(x, values, True):  # a one-off call is screened as a first call is
-                result = evaluate(op, x)
-                values = result if isinstance(result, torch.Tensor) else result[-1].values()
+        # (the operator screens substitution's rounding at every call itself)
+        result = evaluate(op, x)
+        values = result if isinstance(result, torch.Tensor) else result[-1].values()
         # checked with this call's arguments: the operator's own are those it was prepared with
         report = op.check(x, values, args=args, kwargs=kwargs)
         reason = None if report.ok else str(report)

@@ -153,3 +153,40 @@ def test_rounding_excess_leaves_non_finite_values_to_the_probe():
     args = excess_arguments(res.pattern, torch.float64)
     rounding_excess(v, *args[:3], res.plan.step_pos, res.plan.step_pos_t, res.plan.dep_ptr, res.plan.dep_pos,
                     *args[3:])  # no error, whatever the bound
+
+
+def test_an_infinite_entry_elsewhere_leaves_the_chain_screened():
+    """One infinite entry (a decoupled exp(x^2) overflowing) lifted the floor of every row to inf,
+    and the chain lost its digits without a word (review of this session's change)."""
+    k = 4
+
+    def f(x):
+        return ((x[:-2] * x[1:-1]).sum() + 0.5 * (x * x).sum() + torch.exp(3 * x[k]) * x[k + 1]
+                + torch.exp(x[13] * x[13]))
+
+    x0 = torch.zeros(14, dtype=torch.float64)
+    x1 = x0.clone()
+    x1[k], x1[k + 1], x1[13] = 12.0, 0.3, 27.0
+    op = asd.prepare_hessian(f, x0)
+    for _ in range(3):
+        op(x0)
+    with pytest.warns(asd.PrecisionWarning, match="star"):
+        H = op(x1).to_dense()
+    ref = torch.func.hessian(f)(x1)
+    finite = torch.isfinite(ref)
+    assert H[13, 13].item() == float("inf") and op.coloring.problem == "star"
+    torch.testing.assert_close(H[finite], ref[finite], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("call", ["sparse_hessian", "gradient_and_hessian"])
+def test_a_cached_one_off_warns_once_per_call(call):
+    """The one-off path screened the values again after the operator had: two warnings per call
+    (and a second bound of the values at every call)."""
+    f = _chain_with_a_knob(4)
+    x0, x1 = _points(4)
+    asd.clear_cache()
+    getattr(asd, call)(f, x0, coloring="acyclic")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        getattr(asd, call)(f, x1, coloring="acyclic")
+    assert sum(issubclass(w.category, asd.PrecisionWarning) for w in seen) == 1

@@ -34,7 +34,7 @@ def _substitute_bounded(flat, step_pos, step_pos_t, step_src, dep_ptr, dep_pos, 
             b += bound[q]
         a = abs(v)
         b += a
-        if a > top:
+        if top < a < np.inf:  # the finite largest: one inf entry must not lift the floor of every row
             top = a
         if eps * b > tol * a:
             loose[nloose] = k
@@ -49,10 +49,11 @@ def _substitute_bounded(flat, step_pos, step_pos_t, step_src, dep_ptr, dep_pos, 
 
 @njit(cache=True)
 def _row_max(values, indptr, i):
+    # the row's finite scale (an inf entry beside finite ones leaves them theirs)
     m = 0.0
     for p in range(indptr[i], indptr[i + 1]):
         a = abs(values[p])
-        if a > m:
+        if m < a < np.inf:
             m = a
     return m
 
@@ -404,7 +405,7 @@ def rounding_excess(values, indptr, indices, rows, step_pos, step_pos_t, dep_ptr
     exceeds ``tol`` times its own magnitude; 0 where none does (then none can exceed it against
     its rows). The bound, in units of ``eps``: the entry's own magnitude plus the bounds of the
     entries subtracted from it (each step ``v = b - sum(deps)`` rounds ``|b| <= |v| + sum|deps|``).
-    Entries that are not finite are the probe's to judge."""
+    Scales are those of the finite entries; an entry that is not finite is the probe's to judge."""
     bound = np.zeros(values.shape[0], dtype=np.float64)
     loose = np.empty(step_pos.shape[0], dtype=np.int64)
     nloose = 0
@@ -415,7 +416,7 @@ def rounding_excess(values, indptr, indices, rows, step_pos, step_pos_t, dep_ptr
         b = a
         for d in range(dep_ptr[k], dep_ptr[k + 1]):
             b += bound[dep_pos[d]]
-        if a > top:
+        if top < a < np.inf:
             top = a
         if eps * b > tol * a:
             loose[nloose] = k

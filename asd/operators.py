@@ -459,7 +459,7 @@ class _SparseOperator:
     def _adopt(self, coloring, backend: Backend) -> None:
         self.coloring = coloring
         self.backend = backend
-        self.decompressor = Decompressor(coloring, self.device)
+        self.decompressor = Decompressor(coloring, self.device, bounds=self._screening)
         self.state = backend.init(self._g, self._x0, coloring, **self._options)
 
     @property
@@ -559,7 +559,7 @@ class _SparseOperator:
                     _set_rng_state(x, rng)
                     try:
                         state = backend.init(self._g, self._x0, coloring, **self._options)
-                        decompressor = Decompressor(coloring, self.device)
+                        decompressor = Decompressor(coloring, self.device, bounds=self._screening)
                         out = self._run_private(run, backend, state, decompressor, x)
                     except _WritesInput:
                         raise
@@ -689,7 +689,7 @@ class _SparseOperator:
             vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
             if vals.dtype != self.dtype:
                 vals = vals.to(self.dtype)
-            if self._screen(x, vals, changed):  # another strategy from now on: this call evaluated again
+            if self._screen(x, vals):  # another strategy from now on: this call evaluated again
                 vals = self._evaluate(lambda backend, state, dec, xf: backend.values(state, xf, dec), x, call_args)
                 vals = vals.to(self.dtype)
             self._steady = self._steady_plan()
@@ -745,7 +745,7 @@ class _SparseOperator:
             vals = out if gathered else decompressor.values(out)
             if vals.dtype != self.dtype:
                 vals = vals.to(self.dtype)
-            if self._screen(x, vals, False):
+            if self._screen(x, vals):
                 return None
         return vals
 
@@ -832,7 +832,10 @@ class _SparseOperator:
             new._start_warmup(new._warmup.backend, new._warmup.limit)
         return new
 
-    def _screen(self, x: torch.Tensor, values: torch.Tensor, changed: bool) -> bool:
+    #: whether substitution's rounding is bounded at every call (a Hessian's, unless ``check=False``)
+    _screening = False
+
+    def _screen(self, x: torch.Tensor, values: torch.Tensor) -> bool:
         """Judge this call's values beyond the probe; ``True`` where the operator changed its
         strategy because of them (the call is then evaluated again)."""
         return False
@@ -1143,7 +1146,7 @@ class SparseHessian(_SparseOperator):
         elif _torch_func_cold():
             self._start_warmup(AutogradLoop(), limit=1)
 
-    def _screen(self, x: torch.Tensor, values: torch.Tensor, changed: bool) -> bool:
+    def _screen(self, x: torch.Tensor, values: torch.Tensor) -> bool:
         """Substitution's rounding (:func:`asd.decompression.precision.substitution_excess`), at every
         call (the bound of the walk that solved the values, on the CPU): beyond what a check
         tolerates, a :class:`asd.PrecisionWarning`, and an operator that chose the acyclic coloring
@@ -1218,7 +1221,7 @@ class SparseHessian(_SparseOperator):
                 value, grad, hs = self._with_grad.run(xf, seeds)
                 parts.append(hs.reshape(-1))
         vals = self.decompressor.values(torch.cat(parts) if len(parts) > 1 else parts[0]).to(self.dtype)
-        if self._screen(x, vals, changed):
+        if self._screen(x, vals):
             return self.value_grad_hessian(x, *args, **kwargs)
         if changed or self.check_mode is True or (self.check_mode == "first" and not self._checked):
             self._verify(x, vals, call_args)

@@ -135,12 +135,41 @@ def test_screened_substitution_agrees_with_a_plain_reference(n, chain, seed, spa
     assert (excess > 1) == (ref > 1) == (standalone > 1)
     if ref > 1:
         assert excess == pytest.approx(ref, rel=1e-12) and standalone == pytest.approx(ref, rel=1e-12)
-    assert excess <= max(ref, 0) * (1 + 1e-12) + 1e-300 and standalone <= ref * (1 + 1e-12) + 1e-300
+    # where no entry exceeds: at most the largest ratio (of the entries loose against themselves only)
+    assert excess <= ref * (1 + 1e-12) and standalone <= ref * (1 + 1e-12)
     dec = Decompressor(res, "cpu")
     vals = dec.values(torch.from_numpy(B))
     np.testing.assert_array_equal(vals.numpy(), out)
     assert dec.excess(vals) == excess  # the walk's own bound
     assert dec.excess(vals.clone()) == standalone  # other values: bounded anew
+
+
+def test_values_written_since_their_walk_are_bounded_anew():
+    from asd.decompression.device import Decompressor
+
+    res = C.color(sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(12, 12)).tocsr(), "acyclic")
+    r, c = res.pattern.rows, res.pattern.indices
+    v = np.ones(res.nnz)
+    v[((r == 4) & (c == 5)) | ((r == 5) & (c == 4))] = 1e16  # a large entry feeding a chain of ones
+    B = (res.to_scipy(v).toarray() @ res.seeds().T).T
+    dec = Decompressor(res, "cpu")
+    vals = dec.values(torch.from_numpy(B))
+    assert dec.excess(vals) > 1
+    vals.fill_(1.0)  # the same tensor, other values: the walk's bound is not theirs
+    assert dec.excess(vals) <= 1
+
+
+def test_an_operator_that_bounds_nothing_skips_the_bound():
+    from asd.decompression.device import Decompressor
+
+    f = _chain_with_a_knob(4)
+    x0, _ = _points(4)
+    assert asd.prepare_hessian(f, x0).decompressor.bounds
+    unchecked = asd.prepare_hessian(f, x0, check=False)
+    assert unchecked.coloring.problem == "acyclic" and not unchecked.decompressor.bounds
+    unchecked(x0)
+    assert unchecked.decompressor._judged is None  # no walk of the bound
+    assert Decompressor(unchecked.coloring, "cpu").bounds
 
 
 def test_rounding_excess_leaves_non_finite_values_to_the_probe():

@@ -146,9 +146,12 @@ class Decompressor:
         An :class:`asd.coloring.Coloring` (its ``plan`` and ``pattern`` are used).
     device
         Where the compressed products will live.
+    bounds
+        Whether the CPU substitution also bounds its rounding (:meth:`excess`); an operator that
+        screens no call (``check=False``) leaves it out.
     """
 
-    def __init__(self, coloring, device: torch.device | str):
+    def __init__(self, coloring, device: torch.device | str, *, bounds: bool = True):
         self.device = torch.device(device)
         self.shape = tuple(coloring.shape)
         self.plan = coloring.plan
@@ -160,6 +163,7 @@ class Decompressor:
         # level-wise path runs (off the CPU): on the CPU the Numba kernel reads the plan itself, and
         # a long elimination tree has tens of thousands of levels
         self.index = prepared(self.plan, self.device).index if isinstance(self.plan, DirectPlan) else None
+        self.bounds = bounds
         self._excess_args: dict = {}
         self._judged: tuple | None = None
 
@@ -175,7 +179,7 @@ class Decompressor:
         _check_size(flat, self.size)
         if self.index is not None:
             return flat.index_select(0, self.index)
-        if (flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64)
+        if (self.bounds and flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64)
                 and not (flat.requires_grad and torch.is_grad_enabled())):
             from ._substitution_kernels import substitute_screened
             from .precision import excess_arguments
@@ -185,22 +189,22 @@ class Decompressor:
                 args = self._excess_args[flat.dtype] = excess_arguments(self._pattern, flat.dtype)
             out, excess = substitute_screened(flat.detach().numpy(), self.plan, *args)
             vals = torch.from_numpy(out)
-            # the bound comes from the walk that solved these values: it is theirs for as long as
-            # nobody else holds them (the operator judges them before it returns them)
-            self._judged = (weakref.ref(vals), float(excess))
+            # the bound of the walk that solved these values: theirs while they are this very tensor,
+            # unwritten since (its version counter)
+            self._judged = (weakref.ref(vals), vals._version, float(excess))
             return vals
         return substitute(self.plan, flat).to(compressed.dtype)
 
     def excess(self, values: torch.Tensor) -> float:
         """Substitution's rounding in ``values``
         (:func:`asd.decompression.precision.substitution_excess`): the bound of the walk that
-        solved them, where they are the latest values this decompressor returned, otherwise
-        bounded anew."""
+        solved them, where they are the latest values this decompressor returned and nothing has
+        written into them since, otherwise bounded anew."""
         from .precision import substitution_excess
 
         judged = self._judged
-        if judged is not None and judged[0]() is values:
-            return judged[1]
+        if judged is not None and judged[0]() is values and values._version == judged[1]:
+            return judged[2]
         return substitution_excess(self.plan, self._pattern, values)
 
     def csr(self, values: torch.Tensor) -> torch.Tensor:

@@ -756,9 +756,10 @@ class TraceInfo:
         The :class:`asd.detection.ad_gaps.Gap` entries (PyTorch derivative formulas known to be
         wrong in some AD mode) that ``f``'s calls fall into.
     elements
-        The elements of the tensors the traced ops computed or wrote in place (views aside): the size of one evaluation of ``f``, which the cost estimate of a one-call operator
-        reads (:func:`asd.coloring.choose.one_call_prefers_star`). A lower bound of the work: a
-        matrix product or a convolution counts the elements it writes, not its multiplications.
+        The elements of the tensors the traced ops computed or wrote in place (views aside): the
+        size of one evaluation of ``f``, which the cost estimate of a one-call operator reads
+        (:func:`asd.coloring.choose.one_call_prefers_star`). A lower bound of the work: a matrix
+        product or a convolution counts the elements it writes, not its multiplications.
     custom_functions
         Names of the ``torch.autograd.Function`` classes that ``f``'s output was computed through:
         the trace follows the ops of their ``forward``, PyTorch differentiates their ``backward``

@@ -242,10 +242,22 @@ def gathers_as_take(gm: GraphModule, args: list, constants) -> int:
 def take(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``flat[index]`` for an ``index`` checked in range by :func:`_takeable_index` (a ``flat``
     that records a gradient is gathered by ``index_select``, which keeps it)."""
-    if flat.requires_grad and torch.is_grad_enabled():
-        return flat.index_select(0, index)
+    if flat.requires_grad:
+        if torch.is_grad_enabled():
+            return flat.index_select(0, index)
+        flat = flat.detach()
+    kernel = _TAKE_INTO[0] if _TAKE_INTO else _take_kernel()
+    out = torch.empty(index.shape[0], dtype=flat.dtype, device=flat.device)  # not the default device
+    kernel(flat.contiguous().numpy(), index.numpy(), out.numpy())
+    return out
+
+
+#: the Numba kernel once loaded (imported at the first gather: ``import asd`` never loads Numba's kernels)
+_TAKE_INTO: list = []
+
+
+def _take_kernel():
     from ._take_kernel import take_into
 
-    out = torch.empty(index.shape[0], dtype=flat.dtype, device=flat.device)  # not the default device
-    take_into(flat.detach().contiguous().numpy(), index.numpy(), out.numpy())
-    return out
+    _TAKE_INTO.append(take_into)
+    return take_into

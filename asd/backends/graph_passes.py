@@ -8,10 +8,13 @@ operands in the same order.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch.fx import GraphModule, Node
 
-__all__ = ["simplify", "reuse_buffers", "join_in_place", "sum_slots"]
+__all__ = ["simplify", "reuse_buffers", "join_in_place", "sum_slots", "drop_identity_views", "fuse_multiply_add",
+           "unit_valued", "public_bindings"]
 
 
 def _pure(target) -> bool:
@@ -495,5 +498,209 @@ def sum_slots(gm: GraphModule) -> int:
         done += 1
     if done:
         graph.lint()
+        gm.recompile()
+    return done
+
+
+#: ops that return a view of their first operand and may leave its shape and strides as they are
+_ALIAS_OPS = frozenset({_aten.view.default, _aten.reshape.default, _aten._unsafe_view.default, _aten.alias.default,
+                        _aten.permute.default, _aten.expand.default})
+#: views whose chain may be shortened: ``view(view(b, s1), s2)`` is ``view(b, s2)`` for a contiguous ``b``
+_RESHAPES = frozenset({_aten.view.default, _aten.reshape.default, _aten._unsafe_view.default})
+
+
+def _same_layout(a: Node, b: Node) -> bool:
+    ma, mb = a.meta.get("tensor_meta"), b.meta.get("tensor_meta")
+    return (ma is not None and mb is not None and hasattr(ma, "stride") and hasattr(mb, "stride")
+            and tuple(ma.shape) == tuple(mb.shape) and tuple(ma.stride) == tuple(mb.stride)
+            and ma.dtype == mb.dtype)
+
+
+def drop_identity_views(gm: GraphModule) -> int:
+    """Remove the views that change nothing, in place in ``gm`` (for eager replay, where each costs
+    a dispatch): a ``view``/``reshape``/identity ``permute``/``expand``... whose result has its
+    operand's shape and strides is replaced by the operand (the same elements in the same memory),
+    a ``view``/``reshape`` of a ``view`` of a contiguous tensor reads that tensor directly (a
+    row-major reshape of a row-major reshape), and the elements of an ``unbind`` taken one by one
+    are the ``select`` it would have made. Reads the nodes' ``tensor_meta`` (``ShapeProp``);
+    returns the number of nodes removed."""
+    graph = gm.graph
+    before = len(graph.nodes)
+    for node in list(graph.nodes):
+        if (node.op == "call_function" and node.target is _aten.unbind.int and not node.kwargs and node.users
+                and all(u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
+                        for u in node.users)):
+            dim = node.args[1] if len(node.args) > 1 else 0
+            for u in list(node.users):  # each element of the list is that select
+                u.target, u.args = _aten.select.int, (node.args[0], dim, u.args[1])
+                if not u.users:
+                    graph.erase_node(u)
+            graph.erase_node(node)
+            continue
+        if node.op != "call_function" or node.target not in _ALIAS_OPS or node.kwargs:
+            continue
+        src = node.args[0] if node.args else None
+        if not isinstance(src, Node):
+            continue
+        if _same_layout(node, src):
+            node.replace_all_uses_with(src)
+            graph.erase_node(node)
+            continue
+        if (node.target in _RESHAPES and src.op == "call_function" and src.target is _aten.view.default
+                and not src.kwargs and isinstance(src.args[0], Node)
+                and _contiguous_meta(src.args[0]) is not None and _contiguous_meta(src) is not None):
+            node.args = (src.args[0], *node.args[1:])
+            if not src.users:
+                graph.erase_node(src)
+    done = before - len(graph.nodes)
+    if done:
+        graph.lint()
+        gm.recompile()
+    return done
+
+
+def _multiply_add(a, b, c):
+    """``a + b * c`` as one ``addcmul``; the recorded ``mul`` and ``add`` where the call records
+    derivatives."""
+    if _records_derivatives((a, b, c)):
+        return _aten.add.Tensor(a, _aten.mul.Tensor(b, c))
+    return torch.addcmul(a, b, c)  # (a graph of the fast variant: plain tensors, no torch-function mode)
+
+
+def _multiply_add_into(out, a, b, c):
+    """``a + b * c`` written into ``out`` (a slot of a joined buffer) by one ``addcmul``; as
+    :func:`_multiply_add` where there is no buffer."""
+    if out is None:
+        return _multiply_add(a, b, c)
+    return torch.addcmul(a, b, c, out=out)
+
+
+def unit_valued(t) -> bool:
+    """Whether every element of the real floating tensor ``t`` is ``0``, ``1`` or ``-1`` (a
+    product by it is exact: it rounds nothing and cannot overflow)."""
+    return (isinstance(t, torch.Tensor) and t.dtype in _FULL_FLOATS and t.layout == torch.strided
+            and bool(((t == 0) | (t == 1) | (t == -1)).all()))
+
+
+_UNIT_VIEWS = _ALIAS_OPS | {_aten.select.int, _aten.slice.Tensor, _aten.unsqueeze.default, _aten.squeeze.dim,
+                            _aten.t.default, _aten.transpose.int}
+
+
+def _product_operand(node: Node, m, units) -> "Node | None":
+    """``m`` where it is a ``mul`` that can be folded into the ``add`` ``node``: used only there, of
+    real full-precision tensors of the add's dtype, one factor among ``units``."""
+    out = node.meta.get("tensor_meta")
+    if not (isinstance(m, Node) and m.op == "call_function" and m.target is _aten.mul.Tensor and not m.kwargs
+            and len(m.users) == 1 and len(m.args) == 2 and all(isinstance(a, Node) for a in m.args)
+            and any(a in units for a in m.args)):
+        return None
+    metas = [a.meta.get("tensor_meta") for a in (*m.args, m)]
+    if out is None or out.dtype not in _FULL_FLOATS or any(t is None or t.dtype != out.dtype for t in metas):
+        return None
+    return m
+
+
+def fuse_multiply_add(gm: GraphModule, units) -> int:
+    """Fold ``add(a, mul(b, c))`` (``alpha`` 1, the ``mul`` used only there; also an ``add`` computed
+    into a joined buffer's slot by :func:`join_in_place`) into one ``addcmul``, in place in ``gm``
+    (for eager replay): one kernel and no intermediate instead of two, where ``b`` or ``c`` is
+    one of ``units``: the graph's constant inputs whose every element is 0, 1 or -1
+    (:func:`unit_valued`; seed rows and masks folded from them). PyTorch's ``addcmul`` may fuse
+    the multiply and the add (one rounding instead of two): only a product that rounds nothing
+    gives the recorded bits either way, at every input. Reads the nodes' ``tensor_meta``; returns
+    the number of ``mul`` folded."""
+    graph = gm.graph
+    units = set(units)
+    for node in graph.nodes:  # a view of such a constant holds 0, 1 and -1 only
+        if (node.op == "call_function" and node.target in _UNIT_VIEWS and node.args
+                and isinstance(node.args[0], Node) and node.args[0] in units):
+            units.add(node)
+    done = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is _aten.add.Tensor and not node.kwargs and len(node.args) == 2:
+            slot, (a, b) = None, node.args
+        elif (node.target is _compute_into and node.args[1] is _aten.add.Tensor and not node.kwargs
+              and len(node.args) == 5):
+            slot, (a, b) = node.args[0], node.args[3:]
+        else:
+            continue
+        if not (isinstance(a, Node) and isinstance(b, Node)):
+            continue
+        for other, m in ((a, _product_operand(node, b, units)), (b, _product_operand(node, a, units))):
+            if m is None or other is m:  # (m + m: the product is read twice)
+                continue
+            meta = other.meta.get("tensor_meta")
+            if meta is None or meta.dtype != node.meta["tensor_meta"].dtype:
+                continue
+            if slot is None:
+                node.target, node.args = _multiply_add, (other, *m.args)
+            else:
+                node.target, node.args = _multiply_add_into, (slot, other, *m.args)
+            graph.erase_node(m)
+            done += 1
+            break
+    if done:
+        graph.lint()
+        gm.recompile()
+    return done
+
+
+#: ATen overloads of tensor operands only and the public bindings that dispatch them to the same
+#: kernels with the same arguments: ``torch.*`` functions and ``Tensor`` methods parse their
+#: arguments in C, where an ``OpOverload`` call goes through Python and boxes them (0.7 us more a
+#: call, 1.4 us for a view, on this project's machine)
+_FUNCTIONS = {_aten.add.Tensor: torch.add, _aten.sub.Tensor: torch.sub, _aten.mul.Tensor: torch.mul,
+              _aten.div.Tensor: torch.div, _aten.neg.default: torch.neg, _aten.addcmul.default: torch.addcmul}
+_METHODS = {_aten.view.default: "view", _aten.select.int: "select", _aten.reshape.default: "reshape",
+            _aten.permute.default: "permute", _aten.add_.Tensor: "add_", _aten.sub_.Tensor: "sub_",
+            _aten.mul_.Tensor: "mul_", _aten.div_.Tensor: "div_", _aten.neg_.default: "neg_"}
+
+
+def _public_into(out, name: str, *args) -> torch.Tensor:
+    """``torch.<name>(*args)`` written into ``out`` (a slot of a joined buffer, see
+    :func:`_compute_into`); computed as a new tensor where there is no buffer."""
+    fn = getattr(torch, name)
+    return fn(*args) if out is None else fn(*args, out=out)
+
+
+def _tensor_operands(node: Node) -> bool:
+    """Whether every operand of a pointwise ``node`` is a tensor node (a Python number would be
+    converted differently by the two bindings: a wrapped number or a plain 0-d tensor)."""
+    schema = node.target._schema
+    for arg, value in zip(schema.arguments, node.args):
+        if str(arg.type).startswith("Tensor") and not isinstance(value, Node):
+            return False
+    return True
+
+
+def public_bindings(gm: GraphModule) -> int:
+    """Call the operations of :data:`_FUNCTIONS` and :data:`_METHODS` through ``torch.*`` and
+    ``Tensor`` methods, in place in ``gm`` (for eager replay): the same kernels on the same
+    operands, with less Python around each call. ``torch.*`` functions honour ``__torch_function__``
+    where ``OpOverload`` calls do not: the caller runs the graph only on plain tensors with no
+    torch-function mode active. Returns the number of nodes changed."""
+    done = 0
+    for node in gm.graph.nodes:
+        if (node.op == "call_function" and node.target is _compute_into and not node.kwargs
+                and node.args[1] in _FUNCTIONS and all(isinstance(a, Node) for a in node.args[3:])):
+            node.target = _public_into
+            node.args = (node.args[0], _FUNCTIONS[node.args[1]].__name__, *node.args[3:])
+            done += 1
+            continue
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        t = node.target
+        if set(node.kwargs) - {"alpha"} or node.kwargs.get("alpha", 1) != 1:
+            continue
+        if t in _FUNCTIONS and _tensor_operands(node):
+            node.target = _FUNCTIONS[t]
+            done += 1
+        elif t in _METHODS and (t not in _IN_PLACE_OPS or _tensor_operands(node)):
+            node.op, node.target = "call_method", _METHODS[t]
+            done += 1
+    if done:
+        gm.graph.lint()
         gm.recompile()
     return done

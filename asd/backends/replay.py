@@ -54,7 +54,9 @@ class Replay:
     notes: list = field(default_factory=list)
 
     def __call__(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
-        if x.requires_grad and torch.is_grad_enabled():
+        # the fast variant calls torch.* bindings, which a torch-function mode or subclass would see
+        if ((x.requires_grad and torch.is_grad_enabled()) or type(x) is not torch.Tensor
+                or torch._C._is_torch_function_mode_enabled()):
             return self.plain(x, seeds)
         return self.fast(x, seeds)
 
@@ -101,12 +103,23 @@ def _runner(spec, example: list) -> Callable:
     constant indices run in :func:`asd.backends.cpu_kernels.take` (half the time of
     ``index_select``); gradients scattered into disjoint slots and summed are written into one
     buffer (:func:`~asd.backends.graph_passes.sum_slots`); the parts of a ``stack``/``cat`` are
-    computed into the joined buffer (:func:`~asd.backends.graph_passes.join_in_place`)."""
+    computed into the joined buffer (:func:`~asd.backends.graph_passes.join_in_place`); views that
+    change nothing go, a product by seed rows is added by ``addcmul``
+    (:func:`~asd.backends.graph_passes.fuse_multiply_add`), and the elementwise operations and
+    views are called through ``torch.*`` and ``Tensor`` methods
+    (:func:`~asd.backends.graph_passes.public_bindings`)."""
     from .cpu_kernels import gathers_as_take, with_meta
-    from .graph_passes import join_in_place, reuse_buffers, sum_slots
+    from .graph_passes import (drop_identity_views, fuse_multiply_add, join_in_place, public_bindings, reuse_buffers,
+                               sum_slots, unit_valued)
 
     gm = _index_select(spec.gm)
     runtime, extras = spec.runtime, spec.extras
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    # the specialization's own constants (never written) whose elements are 0, 1 or -1: seed rows,
+    # masks folded from them (a tensor of f's is read by reference: its values may change)
+    units = [] if spec.by_reference is None else [
+        placeholders[len(runtime) + i] for i, t in enumerate(extras)
+        if i not in spec.by_reference and len(runtime) + i < len(placeholders) and unit_valued(t)]
     # None: every extra may be f's own (then no index qualifies); eager replay specializes CPU graphs only
     if spec.by_reference is not None and all(a.device.type == "cpu" for a in example if isinstance(a, torch.Tensor)):
         nrun = len(runtime)
@@ -114,15 +127,20 @@ def _runner(spec, example: list) -> Callable:
             with_meta(gm, example)
         gathers_as_take(gm, example, {nrun + i for i in range(len(extras)) if i not in spec.by_reference})
     gm = _with_tensor_meta(gm, example)
+    drop_identity_views(gm)
     if sum_slots(gm):
         gm = _with_tensor_meta(gm, example)
     if join_in_place(gm):
         gm = _with_tensor_meta(gm, example)
+    if fuse_multiply_add(gm, units):
+        gm = _with_tensor_meta(gm, example)
     gm = reuse_buffers(gm)
+    if all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in extras if isinstance(t, torch.Tensor)):
+        public_bindings(gm)  # (a subclass of f's own would see the torch.* calls: __torch_function__)
 
-    def run(x, seeds, _gm=gm, _runtime=runtime, _extras=extras):
+    def run(x, seeds, _forward=gm.forward, _runtime=runtime, _extras=extras):
         inputs = (x, seeds)
-        return _gm(*[inputs[i] for i in _runtime], *_extras)
+        return _forward(*[inputs[i] for i in _runtime], *_extras)
 
     run.gm = gm
     return run

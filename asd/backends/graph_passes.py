@@ -8,8 +8,6 @@ operands in the same order.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch.fx import GraphModule, Node
 
@@ -520,23 +518,14 @@ def drop_identity_views(gm: GraphModule) -> int:
     """Remove the views that change nothing, in place in ``gm`` (for eager replay, where each costs
     a dispatch): a ``view``/``reshape``/identity ``permute``/``expand``... whose result has its
     operand's shape and strides is replaced by the operand (the same elements in the same memory),
-    a ``view``/``reshape`` of a ``view`` of a contiguous tensor reads that tensor directly (a
-    row-major reshape of a row-major reshape), and the elements of an ``unbind`` taken one by one
-    are the ``select`` it would have made. Reads the nodes' ``tensor_meta`` (``ShapeProp``);
+    and a ``view``/``reshape`` of a ``view`` of a contiguous tensor reads that tensor directly (a
+    row-major reshape of a row-major reshape): the same values, and the same gradients where the
+    call records them (an ``unbind`` stays: its elements as ``select`` would give a zero gradient
+    another sign). Reads the nodes' ``tensor_meta`` (``ShapeProp``);
     returns the number of nodes removed."""
     graph = gm.graph
     before = len(graph.nodes)
     for node in list(graph.nodes):
-        if (node.op == "call_function" and node.target is _aten.unbind.int and not node.kwargs and node.users
-                and all(u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
-                        for u in node.users)):
-            dim = node.args[1] if len(node.args) > 1 else 0
-            for u in list(node.users):  # each element of the list is that select
-                u.target, u.args = _aten.select.int, (node.args[0], dim, u.args[1])
-                if not u.users:
-                    graph.erase_node(u)
-            graph.erase_node(node)
-            continue
         if node.op != "call_function" or node.target not in _ALIAS_OPS or node.kwargs:
             continue
         src = node.args[0] if node.args else None
@@ -607,8 +596,9 @@ def fuse_multiply_add(gm: GraphModule, units) -> int:
     one of ``units``: the graph's constant inputs whose every element is 0, 1 or -1
     (:func:`unit_valued`; seed rows and masks folded from them). PyTorch's ``addcmul`` may fuse
     the multiply and the add (one rounding instead of two): only a product that rounds nothing
-    gives the recorded bits either way, at every input. Reads the nodes' ``tensor_meta``; returns
-    the number of ``mul`` folded."""
+    gives the recorded bits either way, at every input. (A NaN stays a NaN, but where two NaNs
+    meet, ``NaN + 0 * inf``, the fused operation may keep the other one's sign and payload.) Reads
+    the nodes' ``tensor_meta``; returns the number of ``mul`` folded."""
     graph = gm.graph
     units = set(units)
     for node in graph.nodes:  # a view of such a constant holds 0, 1 and -1 only
@@ -678,9 +668,10 @@ def _tensor_operands(node: Node) -> bool:
 def public_bindings(gm: GraphModule) -> int:
     """Call the operations of :data:`_FUNCTIONS` and :data:`_METHODS` through ``torch.*`` and
     ``Tensor`` methods, in place in ``gm`` (for eager replay): the same kernels on the same
-    operands, with less Python around each call. ``torch.*`` functions honour ``__torch_function__``
-    where ``OpOverload`` calls do not: the caller runs the graph only on plain tensors with no
-    torch-function mode active. Returns the number of nodes changed."""
+    operands, with less Python around each call. A torch-function mode or a subclass's
+    ``__torch_function__`` would see other functions than the recorded ATen calls: the caller runs
+    the graph only on plain tensors with no torch-function mode active. Returns the number of nodes
+    changed."""
     done = 0
     for node in gm.graph.nodes:
         if (node.op == "call_function" and node.target is _compute_into and not node.kwargs

@@ -54,7 +54,7 @@ class Replay:
     notes: list = field(default_factory=list)
 
     def __call__(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
-        # the fast variant calls torch.* bindings, which a torch-function mode or subclass would see
+        # a torch-function mode or subclass sees the recorded ATen calls, not the fast variant's torch.* ones
         if ((x.requires_grad and torch.is_grad_enabled()) or type(x) is not torch.Tensor
                 or torch._C._is_torch_function_mode_enabled()):
             return self.plain(x, seeds)
@@ -136,7 +136,7 @@ def _runner(spec, example: list) -> Callable:
         gm = _with_tensor_meta(gm, example)
     gm = reuse_buffers(gm)
     if all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in extras if isinstance(t, torch.Tensor)):
-        public_bindings(gm)  # (a subclass of f's own would see the torch.* calls: __torch_function__)
+        public_bindings(gm)  # (a subclass of f's own would see other calls in its __torch_function__)
 
     def run(x, seeds, _forward=gm.forward, _runtime=runtime, _extras=extras):
         inputs = (x, seeds)

@@ -153,6 +153,16 @@ _GLOBAL_MODULE_HOOKS = tuple(
     if isinstance(d, dict))
 
 
+def _under_transform(x: torch.Tensor) -> bool:
+    """Whether this call runs inside a ``torch.func`` transform (``jacrev``, ``vmap``, ...), at a
+    forward-mode AD level, or on a tensor a transform wrapped: a graph recorded there would hold
+    the transform's wrapped tensors (the products of this very point among them) as constants and
+    answer every later point with them."""
+    return (torch._C._functorch.peek_interpreter_stack() is not None
+            or torch.autograd.forward_ad._current_level >= 0
+            or torch._C._functorch.is_functorch_wrapped_tensor(x))
+
+
 def _rng_state(x: torch.Tensor) -> tuple:
     """The random-number state ``f``'s random ops draw from on ``x``'s device (and the CPU's)."""
     cuda = torch.cuda.get_rng_state(x.device) if x.device.type == "cuda" else None
@@ -483,8 +493,8 @@ class Tracing:
                 return None
             graph = None
         if graph is None:
-            if self.calls <= (0 if self.compile else self.calls_before):
-                return None
+            if self.calls <= (0 if self.compile else self.calls_before) or _under_transform(x):
+                return None  # (recorded at a later call outside the transform)
             started = time.perf_counter()
             from torch.fx.experimental.proxy_tensor import make_fx
 

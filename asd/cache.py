@@ -51,6 +51,24 @@ _MAX_ITEMS = 256
 _HASH_LIMIT = 1 << 16  # elements of an integer/bool tensor or array hashed by content
 
 
+def _host_bytes(t: torch.Tensor) -> "bytes | None":
+    """The elements of the CPU tensor ``t``, read from a copy (``numpy()`` on the caller's own
+    storage would make it non-resizable for good), copied outside any ``torch.func`` transform
+    (a copy made inside one would be wrapped, without storage). ``None`` for a ``vmap`` batch."""
+    functorch = torch._C._functorch
+    if functorch.is_functorch_wrapped_tensor(t):  # (a vmap batch: tracking wrappers are peeled already)
+        return None
+    if functorch.peek_interpreter_stack() is None:
+        return t.detach().clone(memory_format=torch.contiguous_format).numpy().tobytes()
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+
+    try:
+        with temporarily_clear_interpreter_stack():
+            return t.detach().clone(memory_format=torch.contiguous_format).numpy().tobytes()
+    except RuntimeError:  # (a layer without storage of its own)
+        return None
+
+
 class _Fingerprint:
     """Summaries of objects for change detection, bounded in depth and size.
 
@@ -68,6 +86,9 @@ class _Fingerprint:
         self._open: set[int] = set()  # the functions being summarized (a recursive one meets itself)
 
     def tensor(self, t: torch.Tensor):
+        functorch = torch._C._functorch
+        while functorch.is_functorch_wrapped_tensor(t) and not functorch.is_batchedtensor(t):
+            t = functorch.get_unwrapped(t)  # a transform's tracking wrapper: the tensor it tracks
         floating = t.is_floating_point() or t.is_complex()
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
             self.klass(type(t))  # a tensor subclass of the user's own
@@ -78,9 +99,11 @@ class _Fingerprint:
             return key + (id(t),) if self.values else key
         meta = ("tensor", id(t), tuple(t.shape), str(t.dtype), str(t.device), t.layout, t._version)
         if t.layout == torch.strided and t.device.type == "cpu" and t.numel() <= _HASH_LIMIT and not floating:
-            # a copy: numpy() on the caller's own storage would make it non-resizable for good
-            data = t.detach().clone(memory_format=torch.contiguous_format).numpy()
-            return meta + (hashlib.blake2b(data.tobytes(), digest_size=8).hexdigest(),)
+            data = _host_bytes(t)
+            if data is None:
+                self.complete = False  # a transform's batch: its elements are not here to read
+                return meta
+            return meta + (hashlib.blake2b(data, digest_size=8).hexdigest(),)
         if t.layout == torch.sparse_csr:
             return meta + (self.tensor(t.crow_indices()), self.tensor(t.col_indices()))
         return meta

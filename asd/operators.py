@@ -26,7 +26,7 @@ from .coloring.choose import choose_hessian, choose_jacobian
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor
 from .detection.jacobian import check_input
-from .backends.traced import CALLS_BEFORE_TRACING, GraphWritesInput, Tracing, _rng_state, _set_rng_state
+from .backends.traced import CALLS_BEFORE_TRACING, GraphWritesInput, Tracing, _rng_state, _set_rng_state, under_transform
 from . import arg_values
 from .cache import ValueGuard, fingerprint
 from .checks import CheckReport, checks_forced, custom_function_hint, probe
@@ -566,6 +566,10 @@ class _SparseOperator:
                     except Exception as exc2:  # noqa: BLE001 - this one does not run either: next
                         last = exc2
                         continue
+                    if under_transform(x):
+                        # refused by the transform around this call (nested forward mode): this call
+                        # only, the operator's own strategy stays for the calls outside it
+                        return out
                     self.coloring, self.backend, self.state, self.decompressor = coloring, backend, state, decompressor
                     self.fallback_reason = reason
                     self._warmup = None
@@ -591,8 +595,8 @@ class _SparseOperator:
         """Whether the warm-up strategy evaluates a call at ``x``: not for an input that requires
         grad (its values are not differentiable), and not once the batched products are recorded."""
         w = self._warmup
-        if w is None or (x.requires_grad and torch.is_grad_enabled()):
-            return False
+        if w is None or (x.requires_grad and torch.is_grad_enabled()) or under_transform(x):
+            return False  # (the loop detaches x: no gradient, tangent or batch would reach the values)
         if w.limit is not None:
             return w.calls < w.limit and _torch_func_cold()
         t = w.tracing

@@ -63,3 +63,131 @@ def test_a_graph_dropped_and_recorded_again_inside_jacrev_is_not_kept():
     got = op(xb)
     assert not torch._C._functorch.is_functorch_wrapped_tensor(got.values())
     torch.testing.assert_close(got.to_dense(), torch.func.jacfwd(f)(xb), rtol=1e-12, atol=1e-12)
+
+
+# --- the second review: operators under torch.func transforms and forward-mode AD -------------------
+
+def _entries(op, x):
+    c = op(x)
+    return torch.repeat_interleave(torch.arange(c.shape[0]), c.crow_indices().diff()), c.col_indices()
+
+
+def _rosenbrock_x(n=30):
+    return torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+
+_DUAL_CASES = {
+    "jacobian": (lambda: asd.prepare_jacobian(brusselator(8), brusselator_input(8)),
+                 lambda z: torch.func.jacfwd(brusselator(8))(z).reshape(128, 128), lambda: brusselator_input(8)),
+    "jacobian-compiled": (lambda: asd.prepare_jacobian(brusselator(8), brusselator_input(8), compile=True),
+                          lambda z: torch.func.jacfwd(brusselator(8))(z).reshape(128, 128),
+                          lambda: brusselator_input(8)),
+    "hessian-star": (lambda: asd.prepare_hessian(asd.problems.rosenbrock, _rosenbrock_x(), coloring="star"),
+                     lambda z: torch.func.hessian(asd.problems.rosenbrock)(z), _rosenbrock_x),
+    "hessian-acyclic": (lambda: asd.prepare_hessian(asd.problems.rosenbrock, _rosenbrock_x(), coloring="acyclic"),
+                        lambda z: torch.func.hessian(asd.problems.rosenbrock)(z), _rosenbrock_x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DUAL_CASES))
+def test_forward_mode_tangents_pass_through_operators(name):
+    """``op.values(make_dual(x, t))`` carries the values' derivative along ``t``, at the first calls
+    (the warm-up loop detached x), after the recording (the fast replay gathered with Numba,
+    compiled kernels and the Numba substitution dropped the tangent): forward mode read the missing
+    tangent as zero, a silently zero derivative. The operator keeps its strategy for later calls."""
+    make, dense, point = _DUAL_CASES[name]
+    op = make()
+    x = point()
+    rows, cols = _entries(op, x)
+    t = torch.randn(x.shape, dtype=x.dtype, generator=torch.Generator().manual_seed(1))
+    strategy = op.strategy
+    for call in range(traced.CALLS_BEFORE_TRACING + 6):
+        if call in (0, 1, traced.CALLS_BEFORE_TRACING + 5):
+            z = x * (1 + 0.01 * call)
+            with fwAD.dual_level():
+                primal, tangent = fwAD.unpack_dual(op.values(fwAD.make_dual(z, t)))
+            _, want = torch.func.jvp(lambda u: dense(u)[rows, cols], (z,), (t,))
+            assert tangent is not None, call
+            torch.testing.assert_close(tangent, want, rtol=1e-10, atol=1e-10 * float(want.abs().max()))
+            torch.testing.assert_close(primal, dense(z)[rows, cols], rtol=1e-10, atol=1e-9)
+        else:
+            op.values(x)
+    assert op.strategy == strategy
+
+
+def test_a_csr_result_refuses_forward_mode_tangents_clearly():
+    """PyTorch has no forward AD for sparse compressed tensors: the CSR result names ``values``."""
+    op = asd.prepare_jacobian(brusselator(8), brusselator_input(8))
+    with fwAD.dual_level(), pytest.raises(asd.InputError, match="values"):
+        op(fwAD.make_dual(brusselator_input(8), torch.ones(128, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("transform", ["jacfwd", "vmap", "jacrev", "grad"])
+def test_warm_operators_inside_transforms_keep_their_graphs_and_kernels(transform):
+    """Calls inside a transform are evaluated by the transforms: a compiled operator's kernels read
+    storage that wrapped tensors lack (they raised, or were given up for good), a replay there
+    counted as a relayout or a disagreement (three such calls switched tracing off), a guard on a
+    captured mask raised (recording off for good)."""
+    n = 24
+    mask = torch.arange(n) % 3 != 0
+    c = torch.linspace(-1, 1, n, dtype=torch.float64)
+
+    def f(x):
+        return torch.where(mask, x ** 3, torch.cos(x)) + torch.nn.functional.pad(x[None], (1, 1), mode="reflect")[0, 2:] * c
+
+    x0 = torch.linspace(0.1, 1, n, dtype=torch.float64)
+    dense = torch.func.jacfwd(f)
+    for compile in (False, True):
+        op = asd.prepare_jacobian(f, x0, compile=compile)
+        for _ in range(traced.CALLS_BEFORE_TRACING + 3):
+            op.values(x0)
+        tracing = _products(op).tracing
+        assert tracing.graphs
+        rows, cols = _entries(op, x0)
+        ref = lambda z: dense(z)[rows, cols]  # noqa: E731
+        T = {"jacfwd": (torch.func.jacfwd(op.values), torch.func.jacfwd(ref)),
+             "jacrev": (torch.func.jacrev(op.values), torch.func.jacrev(ref)),
+             "vmap": (lambda z: torch.func.vmap(op.values)(torch.stack([z, z * 1.1])),
+                      lambda z: torch.stack([ref(z), ref(z * 1.1)])),
+             "grad": (torch.func.grad(lambda z: op.values(z).square().sum()),
+                      torch.func.grad(lambda z: ref(z).square().sum()))}[transform]
+        for k in range(4):
+            z = x0 * (1 + 0.05 * k)
+            torch.testing.assert_close(T[0](z), T[1](z), rtol=1e-10, atol=1e-10)
+        assert tracing.graphs and not tracing.disabled and not tracing.relayouts and not tracing.misses
+        assert tracing.compile_refused is None and not tracing.failed_later
+        torch.testing.assert_close(op.values(x0 * 0.9), ref(x0 * 0.9), rtol=1e-12, atol=1e-12)
+
+
+def test_a_mask_argument_is_read_inside_jacrev():
+    """An extra bool-tensor argument inside ``jacrev``/``grad``: its fingerprint copied it inside
+    the transform (a wrapped copy, no storage) and every such call raised; ``jacrev`` wraps the
+    prepared mask too, which then counted as another argument and was checked there."""
+    n = 12
+    mask = torch.arange(n) % 3 != 0
+
+    def f(x, m):
+        return torch.where(m, x ** 3, torch.cos(x)) + x.roll(2)
+
+    x0 = torch.linspace(0.1, 1, n, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x0, args=(mask,))
+    rows, cols = _entries(op, x0)
+    ref = lambda z: torch.func.jacfwd(f)(z, mask)[rows, cols]  # noqa: E731
+    torch.testing.assert_close(torch.func.jacrev(op.values)(x0, mask), torch.func.jacrev(ref)(x0))
+    torch.testing.assert_close(torch.func.jacrev(op.values)(x0), torch.func.jacrev(ref)(x0))
+    torch.testing.assert_close(torch.func.grad(lambda z: op.values(z, mask).sum())(x0),
+                               torch.func.grad(lambda z: ref(z).sum())(x0))
+
+
+def test_an_acyclic_hessian_inside_vmap_is_bounded_and_refused_clearly_where_it_cannot_be():
+    """Substitution under ``vmap`` runs in torch and its rounding is bounded per batch element;
+    inside ``jacrev`` the values cannot be read to bound them: a clear error naming star."""
+    x = _rosenbrock_x()
+    op = asd.prepare_hessian(asd.problems.rosenbrock, x, coloring="acyclic")
+    rows, cols = _entries(op, x)
+    ref = lambda z: torch.func.hessian(asd.problems.rosenbrock)(z)[rows, cols]  # noqa: E731
+    got = torch.func.vmap(op.values)(torch.stack([x, x * 1.1]))
+    torch.testing.assert_close(got, torch.stack([ref(x), ref(x * 1.1)]), rtol=1e-12, atol=1e-9)
+    with pytest.raises(asd.InputError, match="star"):
+        torch.func.jacrev(op.values)(x)
+    torch.testing.assert_close(op.values(x * 0.8), ref(x * 0.8), rtol=1e-12, atol=1e-9)

@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import AsdError
 
-__all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES"]
+__all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES", "under_transform"]
 
 
 class _NoPythonNumbers(TorchDispatchMode):
@@ -153,11 +153,13 @@ _GLOBAL_MODULE_HOOKS = tuple(
     if isinstance(d, dict))
 
 
-def _under_transform(x: torch.Tensor) -> bool:
+def under_transform(x: torch.Tensor) -> bool:
     """Whether this call runs inside a ``torch.func`` transform (``jacrev``, ``vmap``, ...), at a
-    forward-mode AD level, or on a tensor a transform wrapped: a graph recorded there would hold
-    the transform's wrapped tensors (the products of this very point among them) as constants and
-    answer every later point with them."""
+    forward-mode AD level, or on a tensor a transform wrapped. Such a call is evaluated by the
+    plain transforms, which carry the tangents and batches through: a graph recorded there would
+    hold the transform's wrapped tensors (the products of this very point among them) as constants
+    and answer every later point with them; a replayed one gathers with Numba (no tangent), and
+    compiled kernels and the lean path read storage that wrapped tensors do not have."""
     return (torch._C._functorch.peek_interpreter_stack() is not None
             or torch.autograd.forward_ad._current_level >= 0
             or torch._C._functorch.is_functorch_wrapped_tensor(x))
@@ -463,7 +465,7 @@ class Tracing:
             return None
         if self.disabled:
             return None
-        if _outside_graphs(x):
+        if _outside_graphs(x) or under_transform(x):
             return None
         self.calls += 1
         try:
@@ -493,8 +495,8 @@ class Tracing:
                 return None
             graph = None
         if graph is None:
-            if self.calls <= (0 if self.compile else self.calls_before) or _under_transform(x):
-                return None  # (recorded at a later call outside the transform)
+            if self.calls <= (0 if self.compile else self.calls_before):
+                return None
             started = time.perf_counter()
             from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -616,7 +618,7 @@ class Tracing:
         ``x`` is the caller's flat point (a view of its tensor): it is copied first unless the graph
         reads it only (:func:`_input_free`) and the replay records no gradient that would keep it
         (compiled kernels, or grad disabled); a result that aliases it is copied."""
-        if self.disabled or self.draws or _outside_graphs(x):
+        if self.disabled or self.draws or _outside_graphs(x) or under_transform(x):
             return None
         key = self._key(seeds)
         graph = self.graphs.get(key)

@@ -26,6 +26,17 @@ from .._fork import fork_safe
 from ..errors import DecompressionError
 from .plans import DirectPlan, SubstitutionPlan
 
+
+def _carries_derivatives(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a ``torch.func`` transform's wrapped tensor or a forward-mode dual tensor:
+    its values are solved by torch's differentiable substitution, not by the Numba walk (which
+    would drop the tangent, the batch, the gradient)."""
+    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return True
+    if torch.autograd.forward_ad._current_level < 0:
+        return False
+    return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+
 __all__ = ["Decompressor", "substitute", "prepared", "clear_prepared"]
 
 
@@ -129,7 +140,8 @@ def substitute(plan: SubstitutionPlan, compressed, *, fast: bool | None = None) 
     if not flat.is_floating_point():
         flat = flat.to(torch.get_default_dtype())
     if fast is None:
-        fast = flat.device.type == "cpu" and not (flat.requires_grad and torch.is_grad_enabled())
+        fast = (flat.device.type == "cpu" and not (flat.requires_grad and torch.is_grad_enabled())
+                and not _carries_derivatives(flat))
     if fast and flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64):
         from ._substitution_kernels import substitute_numba
 
@@ -180,7 +192,7 @@ class Decompressor:
         if self.index is not None:
             return flat.index_select(0, self.index)
         if (self.bounds and flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64)
-                and not (flat.requires_grad and torch.is_grad_enabled())):
+                and not (flat.requires_grad and torch.is_grad_enabled()) and not _carries_derivatives(flat)):
             from ._substitution_kernels import substitute_screened
             from .precision import excess_arguments
 
@@ -209,6 +221,12 @@ class Decompressor:
 
     def csr(self, values: torch.Tensor) -> torch.Tensor:
         """A ``torch.sparse_csr`` tensor with this pattern and ``values``."""
+        if torch.autograd.forward_ad._current_level >= 0 and torch.autograd.forward_ad.unpack_dual(values).tangent is not None:
+            from ..errors import InputError
+
+            raise InputError("a torch.sparse_csr tensor cannot carry forward-mode tangents (PyTorch has no forward AD for "
+                             "sparse compressed tensors): call the operator's .values(x), whose tangent is the values' "
+                             "derivative along x's tangent, and build the matrix from op.pattern")
         if values.device == self.crow.device:  # dtype= and device= would cost a third of the call
             return torch.sparse_csr_tensor(self.crow, self.col, values, size=self.shape, check_invariants=False)
         return torch.sparse_csr_tensor(self.crow, self.col, values, size=self.shape, dtype=values.dtype,

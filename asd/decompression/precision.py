@@ -47,10 +47,49 @@ def substitution_excess(plan: SubstitutionPlan, pattern, values: torch.Tensor) -
 
     if not values.is_floating_point() or values.numel() == 0 or values.device.type == "meta":
         return 0.0  # no values to judge (the meta device checks shapes only)
-    v = values.detach().to("cpu", torch.float64).numpy()
     indptr, indices, rows, eps, tol, power = excess_arguments(pattern, values.dtype)
-    return float(rounding_excess(v, indptr, indices, rows, plan.step_pos, plan.step_pos_t, plan.dep_ptr, plan.dep_pos,
-                                 eps, tol, power))
+    worst = 0.0
+    for v in primal_rows(values, len(indices)):
+        v = np.ascontiguousarray(v.to("cpu", torch.float64).numpy())
+        worst = max(worst, float(rounding_excess(v, indptr, indices, rows, plan.step_pos, plan.step_pos_t,
+                                                 plan.dep_ptr, plan.dep_pos, eps, tol, power)))
+    return worst
+
+
+def primal_rows(values: torch.Tensor, nnz: int) -> torch.Tensor:
+    """The plain values under ``values`` as rows of ``nnz`` (one row, or one per element of a
+    ``vmap`` batch): a value inside ``vmap`` is unwrapped, a forward-mode dual tensor gives its
+    primal. Raises :class:`asd.InputError` where the values cannot be read (inside ``jacrev``,
+    ``grad`` or ``jacfwd``, whose layers hold no storage, or batched by nested ``vmap``)."""
+    import torch.autograd.forward_ad as fwAD
+
+    from ..errors import InputError
+
+    functorch = torch._C._functorch
+    t, bdims = values, []
+    while functorch.is_functorch_wrapped_tensor(t):  # (a live wrapper: its batch dimension is known)
+        if functorch.is_batchedtensor(t):
+            bdims.append(functorch.maybe_get_bdim(t))
+        t = functorch.get_unwrapped(t)
+    if torch.autograd.forward_ad._current_level >= 0:
+        t = fwAD.unpack_dual(t).primal
+    t = t.detach()
+    if not _storage_less(t):
+        if not bdims and t.numel() == nnz:
+            return t.reshape(1, nnz)
+        if len(bdims) == 1 and t.dim() == 2 and t.shape[1 - bdims[0]] == nnz:
+            return t.movedim(bdims[0], 0)
+    raise InputError("the rounding of substitution (coloring='acyclic') cannot be bounded for values computed "
+                     "inside this torch.func transform (jacrev, grad, jacfwd or nested vmap keep the values where "
+                     "they cannot be read): prepare the Hessian with coloring='star', whose entries are read directly")
+
+
+def _storage_less(t: torch.Tensor) -> bool:
+    try:
+        t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return True
+    return False
 
 
 def warn_lost_precision(excess: float, *, switched: tuple[int, int] | None = None, stacklevel: int = 2) -> None:

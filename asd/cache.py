@@ -60,8 +60,10 @@ def _host_bytes(t: torch.Tensor) -> "bytes | None":
         return None
     if functorch.peek_interpreter_stack() is None:
         return t.detach().clone(memory_format=torch.contiguous_format).numpy().tobytes()
-    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
-
+    try:
+        from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack  # (private: PyTorch 2.13)
+    except ImportError:
+        return None
     try:
         with temporarily_clear_interpreter_stack():
             return t.detach().clone(memory_format=torch.contiguous_format).numpy().tobytes()

@@ -191,3 +191,18 @@ def test_an_acyclic_hessian_inside_vmap_is_bounded_and_refused_clearly_where_it_
     with pytest.raises(asd.InputError, match="star"):
         torch.func.jacrev(op.values)(x)
     torch.testing.assert_close(op.values(x * 0.8), ref(x * 0.8), rtol=1e-12, atol=1e-9)
+
+
+def test_forward_mode_tangents_pass_through_torch_compile_operators():
+    """``compile=True`` where the products are not recorded (``trace=False``) runs torch.compile's
+    graph, which dropped a forward-mode tangent (read as zero): such a call runs uncompiled."""
+    f, x = brusselator(8), brusselator_input(8)
+    op = asd.prepare_jacobian(f, x, compile=True, trace=False)
+    rows, cols = _entries(op, x)
+    t = torch.ones_like(x)
+    _, want = torch.func.jvp(lambda z: torch.func.jacfwd(f)(z).reshape(128, 128)[rows, cols], (x,), (t,))
+    for _ in range(2):
+        with fwAD.dual_level():
+            _, tangent = fwAD.unpack_dual(op.values(fwAD.make_dual(x, t)))
+        assert tangent is not None
+        torch.testing.assert_close(tangent, want, rtol=1e-10, atol=1e-10)

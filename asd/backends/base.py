@@ -25,6 +25,7 @@ from ..coloring.result import (AcyclicColoring, BiColoring, ColumnColoring, Colu
                                StarColoring)
 from ..errors import InputError, TransformUnsupported
 from .sparse_constants import SparseConstantMode
+from .traced import under_transform
 
 #: the types of ``seed_blocks()`` of asd's own coloring classes, in order (tests check them against
 #: ``seed_blocks()``)
@@ -182,6 +183,9 @@ class BatchedProducts:
                 # a call the compiled graph does not answer (one recording gradients): the transforms,
                 # not torch.compile, which meets what the compiled graph was refused for
                 return self._call(self._eager, x, seeds)
+        if self._compiled is not None and under_transform(x):
+            # torch.compile's kernels would drop a forward tangent: the transforms evaluate such a call
+            return self._call(self._eager, x, seeds)
         if self._compiled is not None:
             try:
                 out = self._call(self._compiled, x, seeds)

@@ -285,6 +285,9 @@ class _SparseOperator:
 
     #: what the lean path of a repeated call needs (:meth:`_steady_plan`), or ``None``
     _steady: tuple | None = None
+    #: ``(coloring, backend, state, decompressor)`` of the strategy that evaluated a call the
+    #: operator's own could not inside a transform (nested forward mode), for the next such call
+    _transform_fallback: tuple | None = None
 
     _what = "this operator"
     pattern: SparsityPattern
@@ -414,6 +417,7 @@ class _SparseOperator:
             kw = {} if hvp is None else {"hvp": hvp}
             backend = default_backend(coloring, batch_size=batch_size, **kw)
         self._x0 = x.detach().reshape(-1)
+        self._transform_fallback = None
         if trace is None:  # the pattern must hold everywhere for a recorded graph to be replayed
             trace = not (self._local or self._user_pattern)
         self._options = dict(batch_size=self.batch_size, compile=compile,
@@ -497,6 +501,7 @@ class _SparseOperator:
         """Evaluate ``f`` on a copy of its input from now on (see :meth:`_evaluate`): every state
         built on the old function (and its seed rows) is made anew."""
         self._g = _copying_input(self._g)
+        self._transform_fallback = None
         self.state = self.backend.init(self._g, self._x0, self.coloring, **self._options)
         if self._warmup is not None:
             self._start_warmup(self._warmup.backend, self._warmup.limit)
@@ -540,6 +545,15 @@ class _SparseOperator:
                         return out
             if self._user_backend:
                 return self._run_private(run, self.backend, self.state, self.decompressor, x)
+            if (self._transform_fallback is not None and under_transform(x)
+                    and not getattr(run, "compressed", False)):
+                try:  # the strategy that evaluated such a call before (see below)
+                    return self._run_private(run, *self._transform_fallback[1:], x)
+                except _WritesInput:
+                    raise
+                except Exception:  # noqa: BLE001 - the operator's own strategy, then the others
+                    self._transform_fallback = None
+                    _set_rng_state(x, rng)
             try:
                 out = self._run_private(run, self.backend, self.state, self.decompressor, x)
             except Exception as exc:  # noqa: BLE001 - refused by torch.func: try the other strategies
@@ -552,6 +566,10 @@ class _SparseOperator:
                     return out
                 first, reason = self.strategy, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 last = exc
+                # refused by the transform around this call (nested forward mode): values by another
+                # strategy for this call only (kept for the next such call), the operator's own for the
+                # calls outside it. (A compressed buffer is in its coloring's layout: not this way.)
+                this_call = under_transform(x) and not getattr(run, "compressed", False)
                 for make in self._fallbacks():
                     coloring, backend = make()
                     if self._clash(coloring, backend) is not None:
@@ -566,9 +584,8 @@ class _SparseOperator:
                     except Exception as exc2:  # noqa: BLE001 - this one does not run either: next
                         last = exc2
                         continue
-                    if under_transform(x):
-                        # refused by the transform around this call (nested forward mode): this call
-                        # only, the operator's own strategy stays for the calls outside it
+                    if this_call:
+                        self._transform_fallback = (coloring, backend, state, decompressor)
                         return out
                     self.coloring, self.backend, self.state, self.decompressor = coloring, backend, state, decompressor
                     self.fallback_reason = reason
@@ -652,7 +669,12 @@ class _SparseOperator:
         """The flat compressed product (batch-first layout of the coloring's plan)."""
         x = self._check(x)
         call_args, _ = self._call_with(args, kwargs)
-        return self._evaluate(lambda backend, state, dec, xf: backend.compute(state, xf), x, call_args)
+
+        def run(backend, state, dec, xf):
+            return backend.compute(state, xf)
+
+        run.compressed = True  # in the coloring's layout (see _evaluate_once)
+        return self._evaluate(run, x, call_args)
 
     def values(self, x: torch.Tensor, *args, out: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure.
@@ -1164,8 +1186,10 @@ class SparseHessian(_SparseOperator):
             order, batch_size, trace, explicit = self._rechoose
             result = self._choose_coloring(lambda: choose_hessian(self.pattern, "star", order, exact_arithmetic=True,
                                                                   max_levels=None))
-            self._setup(self._g, result, x, None, batch_size, self._compile, self.check_mode, trace,
-                        hvp=HVP_BACKENDS[self._hvp], explicit=explicit)
+            # (the prepared point, not this call's: inside a transform x is a wrapped tensor, and a
+            # vmap's would keep its whole batch alive under the operator)
+            self._setup(self._g, result, self._x0.reshape(self.shape), None, batch_size, self._compile,
+                        self.check_mode, trace, hvp=HVP_BACKENDS[self._hvp], explicit=explicit)
             self._rechoose = None
             self._with_grad = None  # value_grad_hessian's products: on the new coloring's seeds
             if not explicit and not self._compile:

@@ -206,3 +206,87 @@ def test_forward_mode_tangents_pass_through_torch_compile_operators():
             _, tangent = fwAD.unpack_dual(op.values(fwAD.make_dual(x, t)))
         assert tangent is not None
         torch.testing.assert_close(tangent, want, rtol=1e-10, atol=1e-10)
+
+
+# --- the third review -------------------------------------------------------------------------------
+
+def test_compressed_products_at_a_forward_mode_level_keep_the_operators_layout():
+    """A column-colored Jacobian cannot run its forward products inside a user's dual level (nested
+    forward mode): the values come from another strategy for that call only, but a compressed
+    buffer is in its coloring's layout, which another strategy's is not (same size: nothing caught
+    it); the operator then adopts the strategy that runs."""
+    f, x = brusselator(8), brusselator_input(8)
+    op = asd.prepare_jacobian(f, x, mode="forward")
+    t = torch.ones_like(x)
+    with fwAD.dual_level(), pytest.warns(RuntimeWarning):
+        compressed = op.compressed(fwAD.make_dual(x, t))
+    got = op.decompressor.values(fwAD.unpack_dual(compressed).primal)
+    rows, cols = _entries(op, x)
+    torch.testing.assert_close(got, torch.func.jacfwd(f)(x).reshape(128, 128)[rows, cols], rtol=1e-12, atol=1e-12)
+
+
+def test_values_at_a_forward_mode_level_keep_the_operators_strategy():
+    """The strategy that evaluates such a call is kept for the next one (not colored and set up at
+    each) and the operator's own stays for plain calls."""
+    f, x = brusselator(8), brusselator_input(8)
+    op = asd.prepare_jacobian(f, x, mode="forward")
+    strategy = op.strategy
+    rows, cols = _entries(op, x)
+    t = torch.ones_like(x)
+    _, want = torch.func.jvp(lambda z: torch.func.jacfwd(f)(z).reshape(128, 128)[rows, cols], (x,), (t,))
+    for _ in range(3):
+        with fwAD.dual_level():
+            _, tangent = fwAD.unpack_dual(op.values(fwAD.make_dual(x, t)))
+        torch.testing.assert_close(tangent, want, rtol=1e-10, atol=1e-9)
+    assert op.strategy == strategy and op._transform_fallback is not None
+
+
+def _chain_with_large_entry(n=12, k=4, s=1e-6):
+    def f(x):
+        return (x[:-1] * x[1:] * (1 + s * x[:-1])).sum() + 0.5 * (x * x).sum() + torch.exp(3 * x[k]) * x[k + 1]
+
+    x = torch.full((n,), 0.5, dtype=torch.float64)
+    x[k], x[k + 1] = 6.0, 0.0
+    v = torch.ones(n, dtype=torch.float64)
+    v[k + 1] = 0.0
+    return f, x, v
+
+
+def test_a_forward_tangent_through_acyclic_substitution_is_bounded_too():
+    """The tangent of an acyclic Hessian's values goes through the same substitution: its rounding
+    lost 6e-2 of the smaller row's scale (the tolerance is 1.5e-7) while only the primal was
+    bounded. Now an operator that chose acyclic itself colors again with star (the tangent then
+    exact); one given acyclic warns."""
+    f, x, v = _chain_with_large_entry()
+    x0 = torch.zeros(12, dtype=torch.float64)
+    op = asd.prepare_hessian(f, x0)
+    assert op.coloring.problem == "acyclic"
+    rows = torch.from_numpy(op.pattern.rows.copy())
+    cols = torch.from_numpy(op.pattern.indices.copy())
+    _, want = torch.func.jvp(lambda z: torch.func.hessian(f)(z)[rows, cols], (x,), (v,))
+    with pytest.warns(asd.PrecisionWarning), fwAD.dual_level():
+        _, tangent = fwAD.unpack_dual(op.values(fwAD.make_dual(x, v)))
+    assert op.coloring.problem == "star"
+    torch.testing.assert_close(tangent, want, rtol=1e-12, atol=1e-12 * float(want.abs().max()))
+    given = asd.prepare_hessian(f, x0, coloring="acyclic")
+    with pytest.warns(asd.PrecisionWarning), fwAD.dual_level():
+        given.values(fwAD.make_dual(x, v))
+
+
+def test_a_recolor_inside_vmap_keeps_the_prepared_point():
+    """The switch to star inside ``vmap`` set the operator up again at that call's wrapped ``x``,
+    which then kept the whole batch alive under the operator."""
+    k, n = 4, 12
+
+    def f(x):
+        return (x[:-1] * x[1:]).sum() + 0.5 * (x * x).sum() + torch.exp(3 * x[k]) * x[k + 1]
+
+    x0 = torch.zeros(n, dtype=torch.float64)
+    x = x0.clone()
+    x[k], x[k + 1] = 12.0, 0.3
+    op = asd.prepare_hessian(f, x0)
+    with pytest.warns(asd.PrecisionWarning):
+        torch.func.vmap(op.values)(torch.stack([x0, x]))
+    assert op.coloring.problem == "star"
+    assert not torch._C._functorch.is_functorch_wrapped_tensor(op._x0) and op._x0.shape == (12,)
+    torch.testing.assert_close(op(x).to_dense(), torch.func.hessian(f)(x), rtol=1e-12, atol=1e-9)

@@ -59,7 +59,7 @@ def substitution_excess(plan: SubstitutionPlan, pattern, values: torch.Tensor) -
 def primal_rows(values: torch.Tensor, nnz: int) -> torch.Tensor:
     """The plain values under ``values`` as rows of ``nnz`` (one row, or one per element of a
     ``vmap`` batch): a value inside ``vmap`` is unwrapped, a forward-mode dual tensor gives its
-    primal. Raises :class:`asd.InputError` where the values cannot be read (inside ``jacrev``,
+    primal and its tangent (solved by the same substitution). Raises :class:`asd.InputError` where the values cannot be read (inside ``jacrev``,
     ``grad`` or ``jacfwd``, whose layers hold no storage, or batched by nested ``vmap``)."""
     import torch.autograd.forward_ad as fwAD
 
@@ -71,14 +71,18 @@ def primal_rows(values: torch.Tensor, nnz: int) -> torch.Tensor:
         if functorch.is_batchedtensor(t):
             bdims.append(functorch.maybe_get_bdim(t))
         t = functorch.get_unwrapped(t)
+    parts = [t]
     if torch.autograd.forward_ad._current_level >= 0:
-        t = fwAD.unpack_dual(t).primal
-    t = t.detach()
-    if not _storage_less(t):
-        if not bdims and t.numel() == nnz:
-            return t.reshape(1, nnz)
-        if len(bdims) == 1 and t.dim() == 2 and t.shape[1 - bdims[0]] == nnz:
-            return t.movedim(bdims[0], 0)
+        # the tangent goes through the same substitution: its rounding is bounded as the values' is
+        primal, tangent = fwAD.unpack_dual(t)
+        parts = [primal] if tangent is None else [primal, tangent]
+    parts = [p.detach() for p in parts]
+    if not any(_storage_less(p) for p in parts):
+        if not bdims and all(p.numel() == nnz for p in parts):
+            return torch.cat([p.reshape(1, nnz) for p in parts])
+        if len(bdims) == 1 and all(p.dim() == 2 and p.shape[1 - bdims[0]] == nnz for p in parts):
+            return torch.cat([p.movedim(bdims[0], 0) for p in parts])
+    t = parts[0]
     raise InputError("the rounding of substitution (coloring='acyclic') cannot be bounded for values computed "
                      "inside this torch.func transform (jacrev, grad, jacfwd or nested vmap keep the values where "
                      "they cannot be read): prepare the Hessian with coloring='star', whose entries are read directly")

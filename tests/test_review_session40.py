@@ -196,16 +196,20 @@ def test_an_acyclic_hessian_inside_vmap_is_bounded_and_refused_clearly_where_it_
 def test_forward_mode_tangents_pass_through_torch_compile_operators():
     """``compile=True`` where the products are not recorded (``trace=False``) runs torch.compile's
     graph, which dropped a forward-mode tangent (read as zero): such a call runs uncompiled."""
+    _assert_b1_tangents(asd.prepare_jacobian(brusselator(8), brusselator_input(8), compile=True, trace=False), 2)
+
+
+def _assert_b1_tangents(op, calls):
+    """``op`` (B1 N=8) at a dual level: the tangent of its values is the dense Jacobian's jvp."""
     f, x = brusselator(8), brusselator_input(8)
-    op = asd.prepare_jacobian(f, x, compile=True, trace=False)
     rows, cols = _entries(op, x)
     t = torch.ones_like(x)
     _, want = torch.func.jvp(lambda z: torch.func.jacfwd(f)(z).reshape(128, 128)[rows, cols], (x,), (t,))
-    for _ in range(2):
+    for _ in range(calls):
         with fwAD.dual_level():
             _, tangent = fwAD.unpack_dual(op.values(fwAD.make_dual(x, t)))
         assert tangent is not None
-        torch.testing.assert_close(tangent, want, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(tangent, want, rtol=1e-10, atol=1e-9)
 
 
 # --- the third review -------------------------------------------------------------------------------
@@ -228,16 +232,9 @@ def test_compressed_products_at_a_forward_mode_level_keep_the_operators_layout()
 def test_values_at_a_forward_mode_level_keep_the_operators_strategy():
     """The strategy that evaluates such a call is kept for the next one (not colored and set up at
     each) and the operator's own stays for plain calls."""
-    f, x = brusselator(8), brusselator_input(8)
-    op = asd.prepare_jacobian(f, x, mode="forward")
+    op = asd.prepare_jacobian(brusselator(8), brusselator_input(8), mode="forward")
     strategy = op.strategy
-    rows, cols = _entries(op, x)
-    t = torch.ones_like(x)
-    _, want = torch.func.jvp(lambda z: torch.func.jacfwd(f)(z).reshape(128, 128)[rows, cols], (x,), (t,))
-    for _ in range(3):
-        with fwAD.dual_level():
-            _, tangent = fwAD.unpack_dual(op.values(fwAD.make_dual(x, t)))
-        torch.testing.assert_close(tangent, want, rtol=1e-10, atol=1e-9)
+    _assert_b1_tangents(op, 3)
     assert op.strategy == strategy and op._transform_fallback is not None
 
 

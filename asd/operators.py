@@ -851,6 +851,7 @@ class _SparseOperator:
         new._g = new._flat(f)
         new.last_check = None
         new._with_grad = None
+        new._transform_fallback = None  # (set up on the old function and its argument box)
         if new._options["trace"] is not None:
             new._options = dict(new._options, trace=_tracing_factory(f, new._args))
         new.state = new.backend.init(new._g, new._x0, new.coloring, **new._options)

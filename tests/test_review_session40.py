@@ -287,3 +287,25 @@ def test_a_recolor_inside_vmap_keeps_the_prepared_point():
     assert op.coloring.problem == "star"
     assert not torch._C._functorch.is_functorch_wrapped_tensor(op._x0) and op._x0.shape == (12,)
     torch.testing.assert_close(op(x).to_dense(), torch.func.hessian(f)(x), rtol=1e-12, atol=1e-9)
+
+
+def test_a_rebound_operator_does_not_keep_the_old_functions_fallback():
+    """``rebind`` copied the strategy cached for calls at a dual level, set up on the old function
+    and its argument box: the rebound operator's next such call gave the old function's values."""
+    f1 = brusselator(8)
+    op = asd.prepare_jacobian(f1, brusselator_input(8), mode="forward")
+    x, t = brusselator_input(8), torch.ones(128, dtype=torch.float64)
+    with fwAD.dual_level():
+        op.values(fwAD.make_dual(x, t))
+    assert op._transform_fallback is not None
+
+    def f2(z):
+        return 2 * f1(z)
+
+    op2 = op.rebind(f2)
+    rows, cols = _entries(op2, x)
+    want, want_t = torch.func.jvp(lambda z: torch.func.jacfwd(f2)(z).reshape(128, 128)[rows, cols], (x,), (t,))
+    with fwAD.dual_level():
+        primal, tangent = fwAD.unpack_dual(op2.values(fwAD.make_dual(x, t)))
+    torch.testing.assert_close(primal, want, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(tangent, want_t, rtol=1e-10, atol=1e-9)

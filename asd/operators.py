@@ -285,8 +285,9 @@ class _SparseOperator:
 
     #: what the lean path of a repeated call needs (:meth:`_steady_plan`), or ``None``
     _steady: tuple | None = None
-    #: ``(coloring, backend, state, decompressor)`` of the strategy that evaluated a call the
-    #: operator's own could not inside a transform (nested forward mode), for the next such call
+    #: ``(f, own coloring, coloring, backend, state, decompressor)``: the strategy that evaluated a
+    #: call the operator's own could not inside a transform (nested forward mode), for the next such
+    #: call while the operator's function and coloring are those it was set up for
     _transform_fallback: tuple | None = None
 
     _what = "this operator"
@@ -417,7 +418,6 @@ class _SparseOperator:
             kw = {} if hvp is None else {"hvp": hvp}
             backend = default_backend(coloring, batch_size=batch_size, **kw)
         self._x0 = x.detach().reshape(-1)
-        self._transform_fallback = None
         if trace is None:  # the pattern must hold everywhere for a recorded graph to be replayed
             trace = not (self._local or self._user_pattern)
         self._options = dict(batch_size=self.batch_size, compile=compile,
@@ -501,7 +501,6 @@ class _SparseOperator:
         """Evaluate ``f`` on a copy of its input from now on (see :meth:`_evaluate`): every state
         built on the old function (and its seed rows) is made anew."""
         self._g = _copying_input(self._g)
-        self._transform_fallback = None
         self.state = self.backend.init(self._g, self._x0, self.coloring, **self._options)
         if self._warmup is not None:
             self._start_warmup(self._warmup.backend, self._warmup.limit)
@@ -545,10 +544,11 @@ class _SparseOperator:
                         return out
             if self._user_backend:
                 return self._run_private(run, self.backend, self.state, self.decompressor, x)
-            if (self._transform_fallback is not None and under_transform(x)
+            cached = self._transform_fallback
+            if (cached is not None and cached[0] is self._g and cached[1] is self.coloring and under_transform(x)
                     and not getattr(run, "compressed", False)):
                 try:  # the strategy that evaluated such a call before (see below)
-                    return self._run_private(run, *self._transform_fallback[1:], x)
+                    return self._run_private(run, *cached[3:], x)
                 except _WritesInput:
                     raise
                 except Exception:  # noqa: BLE001 - the operator's own strategy, then the others
@@ -585,7 +585,7 @@ class _SparseOperator:
                         last = exc2
                         continue
                     if this_call:
-                        self._transform_fallback = (coloring, backend, state, decompressor)
+                        self._transform_fallback = (self._g, self.coloring, coloring, backend, state, decompressor)
                         return out
                     self.coloring, self.backend, self.state, self.decompressor = coloring, backend, state, decompressor
                     self.fallback_reason = reason
@@ -851,7 +851,6 @@ class _SparseOperator:
         new._g = new._flat(f)
         new.last_check = None
         new._with_grad = None
-        new._transform_fallback = None  # (set up on the old function and its argument box)
         if new._options["trace"] is not None:
             new._options = dict(new._options, trace=_tracing_factory(f, new._args))
         new.state = new.backend.init(new._g, new._x0, new.coloring, **new._options)

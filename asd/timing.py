@@ -1,6 +1,7 @@
 """Warm timing shared by the demo, the benchmarks and the peers' runners: one policy, one place.
 
-Every measured callable is called ``policy.warmup`` times untimed, then timed in ``policy.repeat``
+Every measured callable is called ``policy.warmup`` times untimed (and for at least
+``policy.warmup_time`` seconds), then timed in ``policy.repeat``
 samples (fast calls are looped so that a sample lasts at least ``policy.min_time``); sampling stops
 early once ``policy.budget`` seconds are spent, so very slow calls (dense baselines) get fewer
 samples, never fewer than one, and never without a warm-up. A :class:`Timing` keeps every sample;
@@ -34,27 +35,34 @@ class Policy:
         Seconds a sample should last at least; a faster call is looped within the sample.
     budget : float
         Seconds of sampling per measurement; once spent, no further sample is taken.
+    warmup_time : float
+        Seconds the untimed calls should last at least (more than ``warmup`` of them where each is
+        short): a process that sat idle, or whose caches another process filled, is back in its
+        steady state before the first sample.
     """
 
     warmup: int = 1
     repeat: int = 7
     min_time: float = 0.02
     budget: float = 5.0
+    warmup_time: float = 0.0
 
     def __post_init__(self):
         if self.warmup < 1:
             raise ValueError(f"Policy(warmup={self.warmup}): at least one warm-up call is required; pass warmup>=1")
         if self.repeat < 1:
             raise ValueError(f"Policy(repeat={self.repeat}): at least one sample is required; pass repeat>=1")
-        if self.min_time < 0 or self.budget < 0:
-            raise ValueError(f"Policy(min_time={self.min_time}, budget={self.budget}): times must be >= 0")
+        if self.min_time < 0 or self.budget < 0 or self.warmup_time < 0:
+            raise ValueError(f"Policy(min_time={self.min_time}, budget={self.budget}, warmup_time={self.warmup_time}): "
+                             "times must be >= 0")
 
     def to_json(self) -> dict:
-        return dict(warmup=self.warmup, repeat=self.repeat, min_time=self.min_time, budget=self.budget)
+        return dict(warmup=self.warmup, repeat=self.repeat, min_time=self.min_time, budget=self.budget,
+                    warmup_time=self.warmup_time)
 
     @classmethod
     def from_json(cls, d: Mapping) -> Policy:
-        return cls(**{k: d[k] for k in ("warmup", "repeat", "min_time", "budget")})
+        return cls(**{k: d[k] for k in ("warmup", "repeat", "min_time", "budget")}, warmup_time=d.get("warmup_time", 0.0))
 
 
 FULL = Policy()
@@ -132,12 +140,15 @@ def measure(fn: Callable[[], object], policy: Policy = FULL, *,
         The samples (seconds per call) and how they were taken.
     """
     first = last = 0.0
-    for i in range(policy.warmup):
+    calls = 0
+    start = clock()
+    while calls < policy.warmup or clock() - start < policy.warmup_time:
         t0 = clock()
         fn()
         last = clock() - t0
-        if i == 0:
+        if calls == 0:
             first = last
+        calls += 1
     number = 1 if last >= policy.min_time else max(1, math.ceil(policy.min_time / max(last, 1e-9)))
     samples: list[float] = []
     spent = 0.0
@@ -148,7 +159,7 @@ def measure(fn: Callable[[], object], policy: Policy = FULL, *,
         dt = clock() - t0
         spent += dt
         samples.append(dt / number)
-    return Timing(tuple(samples), number, policy.warmup, first)
+    return Timing(tuple(samples), number, calls, first)
 
 
 def best_variant(variants: Mapping[str, Timing]) -> str:

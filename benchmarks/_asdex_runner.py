@@ -1,8 +1,11 @@
 """Runs inside the JAX environment: asdex on a PEERS.md problem, eager and jitted, timed by the
 harness's policy (asd/timing.py, loaded by path: this environment has no torch); prints one JSON line.
 
-Usage: python _asdex_runner.py brusselator|rosenbrock SIZE POLICY_JSON [call]
-(``call``: the prepared call only, no one-off; the JAX default device, a GPU where JAX has one)
+Usage: python _asdex_runner.py brusselator|rosenbrock SIZE POLICY_JSON [call] [serve]
+(``call``: the prepared call only, no one-off; the JAX default device, a GPU where JAX has one.
+``serve``: after the JSON line, stay set up and answer each line read from stdin, a JSON object
+``{"label": variant, "policy": policy}``, with one more block of that variant's call timed under
+that policy, as one JSON line (the harness's interleaved rounds); end of input ends the process)
 """
 
 import importlib.util
@@ -85,15 +88,21 @@ def main():
     f, n, prepare = PROBLEMS[problem](size)
     x = jnp.asarray(np.random.default_rng(0).random(n))
     variants = {"eager": lambda g: g, "jit": jax.jit}
-    call_only = len(sys.argv) > 4 and sys.argv[4] == "call"
-    oneoff, call = {}, {}
+    call_only = "call" in sys.argv[4:]
+    oneoff, call, fns = {}, {}, {}
     for label, wrap in variants.items():
         if not call_only:
             oneoff[label] = timing.measure(lambda: block(wrap(prepare(f, x))(x)), policy).to_json()
-        fn = wrap(prepare(f, x))
-        call[label] = timing.measure(lambda: block(fn(x)), policy).to_json()
+        fn = fns[label] = wrap(prepare(f, x))
+        call[label] = timing.measure(lambda fn=fn: block(fn(x)), policy).to_json()
     print(json.dumps({"oneoff": oneoff, "call": call, "version": getattr(asdex, "__version__", None),
-                      "device": str(x.devices().pop()) if hasattr(x, "devices") else None}))
+                      "device": str(x.devices().pop()) if hasattr(x, "devices") else None}), flush=True)
+    if "serve" in sys.argv[4:]:
+        for line in sys.stdin:
+            ask = json.loads(line)
+            fn = fns[ask["label"]]
+            print(json.dumps(timing.measure(lambda: block(fn(x)), timing.Policy.from_json(ask["policy"])).to_json()),
+                  flush=True)
 
 
 main()

@@ -92,9 +92,14 @@ def main(argv=None) -> dict:
         t_one = s.measure(name, "asd.jax one-off", lambda: block(prepare(lambda z: g(z), x)(x).data))
         op = prepare(g, x)
         t_call = s.measure(name, "asd.jax jitted call", lambda: block(op.values(x)))
-        result = peers.asdex(s, name, problem, psize) if not a.no_peers else None
-        row = s.row(name, dict(case=name, ncolors=op.ncolors), {"oneoff": t_one, "call": t_call}, {},
-                    [result] if result is not None else [])
+        found = [peers.asdex(s, name, problem, psize, serve=True)] if not a.no_peers else []
+        try:
+            timings, found = s.interleave(name, {"call": lambda: block(op.values(x))},
+                                          {"oneoff": t_one, "call": t_call}, found)
+        finally:
+            peers.close(found)
+        result = found[0] if found else None
+        row = s.row(name, dict(case=name, ncolors=op.ncolors), timings, {}, found)
         rows.append(row)
         if result is not None and result.error is None:
             one, call = row["ratios"].get("asdex.oneoff/oneoff"), row["ratios"].get("asdex.call/call")

@@ -16,8 +16,8 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Mapping, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -93,13 +93,19 @@ class Variants:
 
 @dataclass(frozen=True)
 class PeerResult:
-    """A peer on one case: its steady call and its one-off (build + first call), per variant."""
+    """A peer on one case: its steady call and its one-off (build + first call), per variant.
+
+    ``again(policy)`` times the best variant's call once more (a new block of samples under
+    ``policy``) while the peer is still set up, for :meth:`Session.interleave`; ``close`` releases
+    what it holds (the asdex runners' processes). Neither is part of the record."""
 
     peer: str
     call: Variants | None = None
     oneoff: Variants | None = None
     error: str | None = None
     version: str | None = None
+    again: Callable[[Policy], Timing] | None = field(default=None, compare=False, repr=False)
+    close: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def failed(cls, peer: str, reason: str) -> PeerResult:
@@ -179,6 +185,50 @@ class Session:
                 out.update(self.compare(case, steady, {f"{p.peer}.call": p.call}))
         return out
 
+    def interleave(self, case: str, calls: Mapping[str, Callable[[], object]], asd: dict[str, Timing | None],
+                   peers: Sequence[PeerResult], rounds: int | None = None) -> tuple[dict, list[PeerResult]]:
+        """Time asd's steady calls and each peer's best call again, in turns, ``rounds`` times
+        (default :data:`INTERLEAVE_ROUNDS`, one in a quick run), and report the medians over those
+        blocks.
+
+        One block lasts a fraction of a second, while this machine's speed moves by 1.5-3x over
+        seconds to minutes: a ratio of two blocks taken a minute apart measures the moment as much
+        as the code. With the blocks alternating, both sides' medians are taken over the same
+        stretch of time. Each block starts with :data:`BLOCK_WARMUP_TIME` seconds of untimed calls,
+        so that a process that sat idle through the other side's block (the asdex runner's XLA
+        threads, both sides' caches) is back in its steady state when the samples start. ``calls``
+        maps keys of ``asd`` (``"prepared"``, ``"compiled"``) to the callables timed there; only
+        peers that can time their call again (:attr:`PeerResult.again`) take part. Every block is
+        recorded (variant ``round k``); the first measurements stay in the record but not in the
+        medians. Returns ``(asd, peers)`` with the pooled timings in place of the first ones."""
+        rounds = (1 if self.quick else INTERLEAVE_ROUNDS) if rounds is None else rounds
+        keys = [k for k in calls if asd.get(k) is not None]
+        live = [p for p in peers if p.error is None and p.again is not None and p.call is not None]
+        if rounds <= 0 or not keys or not live:
+            return asd, list(peers)
+        policy = replace(self.policy, warmup_time=0.0 if self.quick else BLOCK_WARMUP_TIME)
+        blocks: dict = {k: [] for k in keys}
+        peer_blocks: dict = {p.peer: [] for p in live}
+        for r in range(1, rounds + 1):
+            for p in list(live):
+                try:
+                    block = p.again(policy)
+                except Exception as exc:  # noqa: BLE001 - the peer's process ended: the blocks so far count
+                    print(f"  {case}: {p.peer} stopped in round {r} ({exc}); its earlier blocks are kept")
+                    live.remove(p)
+                    continue
+                peer_blocks[p.peer].append(self.record(case, f"{p.peer} call", block, f"{p.call.best} round {r}"))
+            for k in keys:
+                blocks[k].append(self.measure(case, f"asd {k}", calls[k], variant=f"round {r}", policy=policy))
+        asd = dict(asd, **{k: pooled(b) for k, b in blocks.items()})
+        out = []
+        for p in peers:
+            if peer_blocks.get(p.peer):
+                timings = dict(p.call.timings, **{p.call.best: pooled(peer_blocks[p.peer])})
+                p = replace(p, call=Variants(p.call.impl, timings))
+            out.append(p)
+        return asd, out
+
     def row(self, case: str, fields: dict, asd: Mapping[str, Timing | None], dense: Mapping[str, Timing | None],
             peers: Iterable[PeerResult] = ()) -> dict:
         """A JSON row: ``fields``, each timing's median under its key, every Timing under ``"timings"``,
@@ -191,6 +241,19 @@ class Session:
     def to_json(self) -> dict:
         return dict(policy=self.policy.to_json(), quick=self.quick, measurements=self.measurements,
                     comparisons=self.comparisons)
+
+
+#: rounds of :meth:`Session.interleave` in a full run
+INTERLEAVE_ROUNDS = 3
+#: seconds of untimed calls that start each block of :meth:`Session.interleave` (full runs)
+BLOCK_WARMUP_TIME = 0.5
+
+
+def pooled(blocks: Sequence[Timing]) -> Timing:
+    """One Timing of the samples of several blocks of the same call (seconds per call each); its
+    ``number``, ``warmup`` and ``first`` are the first block's."""
+    first = blocks[0]
+    return Timing(tuple(s for b in blocks for s in b.samples), first.number, first.warmup, first.first)
 
 
 def settle(call: Callable[[], object]) -> dict:

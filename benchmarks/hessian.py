@@ -81,6 +81,10 @@ def measure(s: Session, name: str, make_f, n: int, *, dense: bool, compile: bool
         r["compiled_coloring"], r["compile_first_call"] = v.best, first[v.best]
         r["compiled_variants"] = v.to_json()
         r["compiled_graphs"] = graphs
+    calls = {"prepared": lambda: op(x)}
+    if compile:
+        calls["compiled"] = compiled[r["compiled_coloring"]]
+    t, peer_results = s.interleave(name, calls, t, peer_results)
     d = {}
     if dense and n <= DENSE_LIMIT:
         d["dense_hessian"], Hd = s.measure_result(name, "torch.func.hessian", lambda: torch.func.hessian(f)(x))
@@ -107,8 +111,11 @@ def main(argv=None) -> dict:
     for n in sizes:
         name = f"B3 n={n:g}"
         found = peers.run(s, name, "rosenbrock", n) if not a.no_peers and n in peer_sizes else []
-        rows.append(measure(s, name, fresh_rosenbrock, n, dense=not a.no_dense,
-                            compile=not (a.no_compile or a.quick) and n <= 10**5, peer_results=found))
+        try:
+            rows.append(measure(s, name, fresh_rosenbrock, n, dense=not a.no_dense,
+                                compile=not (a.no_compile or a.quick) and n <= 10**5, peer_results=found))
+        finally:
+            peers.close(found)
         bar.step(name)
     for N in tv_sizes:
         rows.append(measure(s, f"TV {N}x{N}", lambda: total_variation(N), N * N, dense=not a.no_dense, compile=False))

@@ -152,6 +152,10 @@ def measure(s: Session, name: str, f, x, *, dense: bool, compile: bool, peer_res
         products = getattr(opc.state, "fused", None) or opc.state.products
         if products.tracing is not None and products.tracing.compiled is not None:
             r["compiled_graph"] = products.tracing.compiled.notes
+    calls = {"prepared": lambda: op(x)}
+    if compile:
+        calls["compiled"] = lambda: opc(x)
+    t, peer_results = s.interleave(name, calls, t, peer_results)
     d = {}
     if dense and n <= DENSE_LIMIT:
         d["jacfwd"], Jd = s.measure_result(name, "torch.func.jacfwd", lambda: torch.func.jacfwd(f)(x))
@@ -179,8 +183,11 @@ def main(argv=None) -> dict:
     for N in sizes:
         name = f"B1 N={N}"
         found = peers.run(s, name, "brusselator", N) if not a.no_peers and N in peer_sizes else []
-        rows.append(measure(s, name, brusselator(N), brusselator_input(N), dense=not a.no_dense,
-                            compile=not (a.no_compile or a.quick), peer_results=found))
+        try:
+            rows.append(measure(s, name, brusselator(N), brusselator_input(N), dense=not a.no_dense,
+                                compile=not (a.no_compile or a.quick), peer_results=found))
+        finally:
+            peers.close(found)
         if N == COMPILE_START_N and not (a.no_compile or a.quick):
             rows[-1]["compile_start"] = compile_start(N, a.threads)
         bar.step(name)

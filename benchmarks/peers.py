@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
+import tempfile
+import threading
 
 import numpy as np
 import scipy.sparse as sp
 
 from harness import ROOT, PeerResult, Session, Variants
-from asd.timing import Timing
+from asd.timing import Policy, Timing, measure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASADI_VARIANTS = ("SX", "MX")
@@ -40,13 +43,16 @@ def _casadi(session: Session, case: str, n: int, build) -> PeerResult:
     except ImportError as exc:
         return PeerResult.failed("casadi", f"casadi not installed ({exc}); run make bench")
     x0 = np.random.default_rng(0).random(n)
-    oneoff, call = {}, {}
+    oneoff, call, fns = {}, {}, {}
     for kind in CASADI_VARIANTS:
         Sym = getattr(ca, kind)
         oneoff[kind] = session.measure(case, "casadi one-off", lambda: build(ca, Sym)(x0), variant=kind)
-        fn = build(ca, Sym)
-        call[kind] = session.measure(case, "casadi call", lambda: fn(x0), variant=kind)
-    return PeerResult("casadi", Variants("casadi", call), Variants("casadi", oneoff), version=ca.__version__)
+        fn = fns[kind] = build(ca, Sym)
+        call[kind] = session.measure(case, "casadi call", lambda fn=fn: fn(x0), variant=kind)
+    calls = Variants("casadi", call)
+    best = fns[calls.best]
+    return PeerResult("casadi", calls, Variants("casadi", oneoff), version=ca.__version__,
+                      again=lambda policy: measure(lambda: best(x0), policy))
 
 
 def casadi_brusselator(session: Session, case: str, N: int) -> PeerResult:
@@ -80,30 +86,142 @@ def jax_python() -> str:
     return os.environ.get("ASD_JAX_PYTHON") or os.path.join(ROOT, ".venv-bench-jax", "bin", "python")
 
 
-def asdex(session: Session, case: str, problem: str, size: int, timeout: float = 1200) -> PeerResult:
-    """Run benchmarks/_asdex_runner.py in the JAX environment under the session's policy."""
+class _Runner:
+    """The asdex runner kept running (``serve``): its stdout read line by line on a thread, so that
+    every wait for an answer has a timeout; its stderr in a temporary file (the last line is the
+    reason given when it fails)."""
+
+    def __init__(self, cmd: list[str], timeout: float, env: dict | None = None):
+        self.timeout = timeout
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
+                                     env=env)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def answer(self) -> dict:
+        """The next JSON object the runner prints (other lines skipped); RuntimeError with its
+        last error line when it ends or times out first."""
+        while True:
+            try:
+                line = self.lines.get(timeout=self.timeout)
+            except queue.Empty:
+                self.close()
+                raise RuntimeError(f"asdex timed out after {self.timeout} s") from None
+            if line is None:
+                raise RuntimeError(self.reason())
+            if line.lstrip().startswith("{"):
+                return json.loads(line)
+
+    def ask(self, label: str, policy: Policy) -> Timing:
+        self.proc.stdin.write(json.dumps({"label": label, "policy": policy.to_json()}) + "\n")
+        self.proc.stdin.flush()
+        return Timing.from_json(self.answer())
+
+    def reason(self) -> str:
+        self.proc.wait(timeout=30)
+        self.err.seek(0)
+        lines = self.err.read().strip().splitlines()
+        return lines[-1] if lines else f"asdex failed (exit status {self.proc.returncode})"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.err.close()
+
+
+#: XLA's CPU runtime on one thread (no Eigen thread pool for intra-op work): on this 2-core machine
+#: asdex's jitted B3 n=10^5 call takes 0.47 ms this way, against 0.48-1.1 ms with the default pool
+#: (its speed there changes within one process)
+XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+#: the XLA configurations asdex runs in: a suffix of its variants' labels, and the XLA_FLAGS added
+XLA_CONFIGS = (("", None), (", XLA 1 thread", XLA_ONE_THREAD))
+
+
+def _xla_env(flags: str | None) -> dict:
+    env = dict(os.environ)
+    if flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags}".strip()
+    return env
+
+
+def asdex(session: Session, case: str, problem: str, size: int, timeout: float = 1200, *,
+          serve: bool = False) -> PeerResult:
+    """Run benchmarks/_asdex_runner.py in the JAX environment under the session's policy, once per
+    XLA configuration of :data:`XLA_CONFIGS` (each runner's eager and jitted variants, labelled with
+    the configuration's suffix). With ``serve``, the runners stay set up: the result's ``again``
+    times the best variant's call once more and ``close`` ends them (the caller's duty)."""
     python = jax_python()
     if not os.path.exists(python):
         return PeerResult.failed("asdex", "no JAX environment (run make bench, or set ASD_JAX_PYTHON)")
     cmd = [python, os.path.join(HERE, "_asdex_runner.py"), problem, str(size), json.dumps(session.policy.to_json())]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return PeerResult.failed("asdex", f"asdex timed out after {timeout} s")
-    if out.returncode != 0:
-        return PeerResult.failed("asdex", out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "asdex failed")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    parts = {}
-    for what in ("oneoff", "call"):
-        timings = {k: session.record(case, f"asdex {what.replace('oneoff', 'one-off')}", Timing.from_json(t), k)
-                   for k, t in res[what].items()}
-        parts[what] = Variants("asdex", timings)
-    return PeerResult("asdex", parts["call"], parts["oneoff"], version=res.get("version"))
+    parts: dict = {"oneoff": {}, "call": {}}
+    runners, where, errors, version = [], {}, [], None
+    for suffix, flags in XLA_CONFIGS:
+        env = _xla_env(flags)
+        runner = None
+        if serve:
+            runner = _Runner(cmd + ["serve"], timeout, env)
+            try:
+                res = runner.answer()
+            except RuntimeError as exc:
+                runner.close()
+                errors.append(str(exc))
+                continue
+            runners.append(runner)
+        else:
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+            except subprocess.TimeoutExpired:
+                errors.append(f"asdex timed out after {timeout} s")
+                continue
+            if out.returncode != 0:
+                errors.append(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "asdex failed")
+                continue
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+        version = res.get("version")
+        for what in ("oneoff", "call"):
+            for k, t in res[what].items():
+                parts[what][k + suffix] = session.record(case, f"asdex {what.replace('oneoff', 'one-off')}",
+                                                         Timing.from_json(t), k + suffix)
+                where[k + suffix] = (runner, k)
+    if not parts["call"]:
+        return PeerResult.failed("asdex", errors[0] if errors else "asdex failed")
+    call, oneoff = Variants("asdex", parts["call"]), Variants("asdex", parts["oneoff"])
+    if not runners:
+        return PeerResult("asdex", call, oneoff, version=version)
+    runner, label = where[call.best]
+
+    def close():
+        for r in runners:
+            r.close()
+
+    return PeerResult("asdex", call, oneoff, version=version, again=lambda policy: runner.ask(label, policy),
+                      close=close)
 
 
 CASADI = {"brusselator": casadi_brusselator, "rosenbrock": casadi_rosenbrock_hessian}
 
 
 def run(session: Session, case: str, problem: str, size: int) -> list[PeerResult]:
-    """Every peer on ``problem`` ("brusselator": B1 Jacobian, "rosenbrock": B3 Hessian) at ``size``."""
-    return [CASADI[problem](session, case, size), asdex(session, case, problem, size)]
+    """Every peer on ``problem`` ("brusselator": B1 Jacobian, "rosenbrock": B3 Hessian) at ``size``,
+    each left set up to time its call again (:meth:`harness.Session.interleave`); :func:`close`
+    them afterwards."""
+    return [CASADI[problem](session, case, size), asdex(session, case, problem, size, serve=True)]
+
+
+def close(results: list[PeerResult]) -> None:
+    """Release what the peers of :func:`run` still hold."""
+    for p in results:
+        if p.close is not None:
+            p.close()

@@ -105,6 +105,83 @@ def test_session_labels_best_variants_and_computes_ratios_in_one_place():
     assert [m["variant"] for m in s.measurements] == ["star", "acyclic"]
 
 
+def test_interleave_alternates_blocks_and_pools_their_samples(monkeypatch):
+    """asd's steady calls and each live peer's best call are timed again in turns, each block after
+    its warm-up time; every block is recorded, the medians are over the interleaved blocks only,
+    and a peer whose process ends keeps the blocks it gave."""
+    monkeypatch.setattr(harness, "BLOCK_WARMUP_TIME", 0.01)
+    s = harness.Session("t", Policy(warmup=1, repeat=2, min_time=0.0, budget=100.0))
+    T = lambda *v: Timing(tuple(v), 1, 1, v[0])  # noqa: E731
+    order, policies = [], []
+
+    def again(label, values):
+        it = iter(values)
+
+        def block(policy):
+            order.append(label)
+            policies.append(policy)
+            return next(it)
+        return block
+
+    def dying(policy):
+        order.append("asdex")
+        if order.count("asdex") > 1:
+            raise RuntimeError("runner ended")
+        return T(7.0, 7.0)
+
+    casadi = harness.PeerResult("casadi", harness.Variants("casadi", {"SX": T(4.0), "MX": T(2.0)}),
+                                harness.Variants("casadi", {"SX": T(30.0), "MX": T(60.0)}),
+                                again=again("casadi", [T(1.0, 1.0), T(1.0, 1.0)]))
+    asdex = harness.PeerResult("asdex", harness.Variants("asdex", {"jit": T(9.0)}),
+                               harness.Variants("asdex", {"jit": T(90.0)}), again=dying)
+    absent = harness.PeerResult.failed("other", "not installed")
+    calls = {"prepared": lambda: order.append("prepared"), "compiled": lambda: order.append("compiled")}
+    timings = {"oneoff": T(10.0), "prepared": T(3.0), "compiled": T(5.0)}
+    out, peers = s.interleave("B1", calls, timings, [casadi, asdex, absent], rounds=2)
+    # per round: the peers, then asd's calls (warm-up calls for at least the block's warm-up time,
+    # then two samples)
+    for r in range(2):
+        assert order[:2] == ["casadi", "asdex"], order[:5]
+        del order[:2]
+        for key in ("prepared", "compiled"):
+            n = next(i for i, k in enumerate(order) if k != key) if any(k != key for k in order) else len(order)
+            assert n >= 3 and set(order[:n]) == {key}
+            del order[:n]
+    assert not order
+    assert all(p.warmup_time == 0.01 and p.repeat == 2 for p in policies)
+    assert out["oneoff"] is timings["oneoff"]
+    # the first measurements are not pooled: the blocks of the two rounds are
+    assert len(out["prepared"].samples) == 2 * 2 and 3.0 not in out["prepared"].samples
+    assert out["prepared"].warmup >= 1 and len(out["compiled"].samples) == 2 * 2
+    c, a, o = peers
+    assert c.call.timings["MX"].samples == (1.0, 1.0, 1.0, 1.0) and c.call.timings["SX"].samples == (4.0,)
+    assert c.call.best == "MX" and c.to_json()["call"] == 1.0
+    assert a.call.timings["jit"].samples == (7.0, 7.0)  # round 2 failed: round 1 kept
+    assert o is absent
+    rounds = [(m["impl"], m["variant"]) for m in s.measurements]
+    assert rounds == [("casadi call", "MX round 1"), ("asdex call", "jit round 1"), ("asd prepared", "round 1"),
+                      ("asd compiled", "round 1"), ("casadi call", "MX round 2"), ("asd prepared", "round 2"),
+                      ("asd compiled", "round 2")]
+    r = s.ratios("B1", out, {}, peers)
+    assert r["casadi.call/prepared"] == pytest.approx(1.0 / out["prepared"].median)
+    # nothing to interleave: the timings as they were
+    assert s.interleave("B1", calls, timings, [absent], rounds=2) == (timings, [absent])
+    assert s.interleave("B1", {}, timings, [casadi], rounds=2)[0] is timings
+
+
+def test_warm_up_time_adds_untimed_calls():
+    clock = FakeClock([0.25])
+    t = measure(clock.fn, Policy(warmup=2, repeat=3, min_time=0.0, budget=100.0, warmup_time=1.0), clock=clock)
+    assert t.warmup == 4 and clock.calls == 7 and len(t.samples) == 3
+    clock = FakeClock([2.0])
+    t = measure(clock.fn, Policy(warmup=2, repeat=1, min_time=0.0, budget=100.0, warmup_time=1.0), clock=clock)
+    assert t.warmup == 2  # the count is a minimum too
+    assert Policy.from_json(Policy(warmup_time=0.5).to_json()).warmup_time == 0.5
+    assert Policy.from_json(dict(warmup=1, repeat=2, min_time=0.0, budget=1.0)).warmup_time == 0.0
+    with pytest.raises(ValueError, match="times must be >= 0"):
+        Policy(warmup_time=-1.0)
+
+
 def test_measure_result_returns_the_last_result_of_warm_calls():
     s = harness.Session("t", Policy(warmup=2, repeat=3, min_time=0.0, budget=100.0))
     calls = []
@@ -177,6 +254,20 @@ def test_asdex_runner_times_eager_and_jit(tmp_path):
     s = harness.Session("t", Policy(warmup=1, repeat=2, min_time=0.0, budget=60.0))
     r = peers.asdex(s, "B1 N=4", "brusselator", 4)
     assert r.error is None, r.error
-    assert set(r.call.timings) == {"eager", "jit"} and r.call.best in ("eager", "jit")
+    labels = {"eager", "jit", "eager, XLA 1 thread", "jit, XLA 1 thread"}
+    assert set(r.call.timings) == labels and set(r.oneoff.timings) == labels and r.call.best in labels
     assert all(t.warmup == 1 and len(t.samples) == 2 for t in r.call.timings.values())
     assert {m["impl"] for m in s.measurements} == {"asdex call", "asdex one-off"}
+    assert r.again is None and r.close is None
+
+    # kept running for the interleaved rounds: each again() is a new block of the best call
+    r = peers.asdex(s, "B1 N=4", "brusselator", 4, serve=True)
+    assert r.error is None, r.error
+    try:
+        blocks = [r.again(s.policy), r.again(Policy(warmup=3, repeat=1, min_time=0.0, budget=60.0))]
+        assert [(t.warmup, len(t.samples)) for t in blocks] == [(1, 2), (3, 1)]
+    finally:
+        r.close()
+    assert r.close() is None  # closing twice is harmless
+    with pytest.raises(Exception):
+        r.again(s.policy)

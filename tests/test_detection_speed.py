@@ -531,6 +531,41 @@ def test_take_rows_matches_dense(data):
     assert M.toarray().tolist() == D.tolist()  # the argument is untouched
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_gather_of_one_entry_rows_matches_the_general_gather(data):
+    """The one-pass gather of rows holding one entry each (a moved input's sets) gives what the
+    two-pass gather gives; a negative index, a row of another length or pointers that start past 0
+    are served too, and an index past the last row raises."""
+    from asd.detection import _set_kernels as K
+
+    rows, n = data.draw(st.integers(0, 12)), data.draw(st.integers(1, 9))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    lo = data.draw(st.integers(0, 3))  # row pointers of a view: they start past 0
+    indices = rng.integers(0, n, lo + rows + 2).astype(data.draw(st.sampled_from([np.int32, np.int64])))
+    indptr = (lo + np.arange(rows + 1)).astype(indices.dtype)
+    odd = data.draw(st.sampled_from(["unit", "unit", "short", "long"]))
+    if rows and odd != "unit":
+        r = data.draw(st.integers(0, rows - 1))
+        indptr[r + 1:] += -1 if odd == "short" else 1
+    D = np.zeros((rows, n), bool)
+    for r in range(rows):
+        D[r, indices[indptr[r]:indptr[r + 1]]] = True
+    low = -1 if data.draw(st.booleans()) else 0
+    idx = np.array(data.draw(st.lists(st.integers(low, rows - 1), max_size=20)) if rows else [],
+                   dtype=data.draw(st.sampled_from([np.int32, np.int64])))
+    cp, cj = K.gather_rows(indptr, indices, idx)
+    assert cp.dtype == np.int64 and len(cp) == len(idx) + 1 and cp[0] == 0
+    got = np.zeros((len(idx), n), bool)
+    for k in range(len(idx)):
+        got[k, cj[cp[k]:cp[k + 1]]] = True
+    want = np.array([D[i] if i >= 0 else np.zeros(n, bool) for i in idx]).reshape(len(idx), n)
+    np.testing.assert_array_equal(got, want)
+    assert cp[-1] == sum(indptr[i + 1] - indptr[i] for i in idx if i >= 0)
+    with pytest.raises(IndexError):
+        K.gather_rows(indptr, indices, np.array([0, rows] if rows else [rows], dtype=np.int64))
+
+
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_union_matches_dense(data):

@@ -81,10 +81,25 @@ def consecutive(idx, s):
 @njit(cache=True)
 def gather_rows(indptr, indices, idx):
     """Rows ``idx`` of a CSR structure (a negative index gives an empty row; one past the last
-    row raises ``IndexError``): ``(indptr, indices)``, the indptr in int64."""
+    row raises ``IndexError``): ``(indptr, indices)``, the indptr in int64. Where every row holds
+    one entry and every index is a row (the elements of an input moved by ``roll``, ``flip``, a
+    permutation), each output row is its one entry, read in one pass."""
     k = idx.shape[0]
     rows = indptr.shape[0] - 1
     nnz = indices.shape[0]
+    unit = indptr[0] >= 0 and indptr[rows] <= nnz
+    for i in range(rows):  # no early exit: it vectorizes
+        unit &= indptr[i + 1] - indptr[i] == 1
+    if unit:
+        inside = True
+        for r in range(k):
+            inside &= (idx[r] >= 0) & (idx[r] < rows)
+        if inside:
+            cp = np.arange(k + 1).astype(np.int64)
+            cj = np.empty(k, dtype=indices.dtype)
+            for r in range(k):
+                cj[r] = indices[indptr[idx[r]]]
+            return cp, cj
     cp = np.empty(k + 1, dtype=np.int64)
     cp[0] = 0
     total = 0

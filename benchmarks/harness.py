@@ -95,17 +95,21 @@ class Variants:
 class PeerResult:
     """A peer on one case: its steady call and its one-off (build + first call), per variant.
 
-    ``again(policy)`` times the best variant's call once more (a new block of samples under
-    ``policy``) while the peer is still set up, for :meth:`Session.interleave`; ``close`` releases
-    what it holds (the asdex runners' processes). Neither is part of the record."""
+    ``again(label, policy)`` times variant ``label``'s call once more (a new block of samples
+    under ``policy``) while the peer is still set up, for :meth:`Session.interleave`; ``close``
+    releases what it holds (the asdex runners' processes). Neither is part of the record.
+    ``rounds``: the interleaved rounds the call's timings come from (``None``: not interleaved);
+    ``notes``: what went wrong short of a failure (one of asdex's configurations)."""
 
     peer: str
     call: Variants | None = None
     oneoff: Variants | None = None
     error: str | None = None
     version: str | None = None
-    again: Callable[[Policy], Timing] | None = field(default=None, compare=False, repr=False)
+    again: Callable[[str, Policy], Timing] | None = field(default=None, compare=False, repr=False)
     close: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    rounds: int | None = None
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def failed(cls, peer: str, reason: str) -> PeerResult:
@@ -114,10 +118,15 @@ class PeerResult:
     def to_json(self) -> dict:
         if self.error is not None:
             return dict(error=self.error)
-        return dict(call=self.call.timing.median, oneoff=self.oneoff.timing.median, best=self.call.best,
-                    best_oneoff=self.oneoff.best, label=self.call.label, version=self.version,
-                    variants={k: dict(call=self.call.timings[k].to_json(), oneoff=self.oneoff.timings[k].to_json())
-                              for k in self.call.timings})
+        out = dict(call=self.call.timing.median, oneoff=self.oneoff.timing.median, best=self.call.best,
+                   best_oneoff=self.oneoff.best, label=self.call.label, version=self.version,
+                   variants={k: dict(call=self.call.timings[k].to_json(), oneoff=self.oneoff.timings[k].to_json())
+                             for k in self.call.timings})
+        if self.rounds is not None:
+            out["rounds"] = self.rounds
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
 
 
 class Session:
@@ -176,8 +185,9 @@ class Session:
     def ratios(self, case: str, asd: Mapping[str, Timing | None], dense: Mapping[str, Timing | None],
                peers: Iterable[PeerResult] = ()) -> dict[str, float]:
         """The standard comparison of a row: every dense baseline against every asd timing; each
-        peer's best one-off against asd's ``"oneoff"``, its best call against asd's other timings."""
-        steady = {k: v for k, v in asd.items() if k != "oneoff"}
+        peer's best one-off against asd's ``"oneoff"``, its best call against asd's steady calls
+        (:data:`STEADY`)."""
+        steady = {k: v for k, v in asd.items() if k in STEADY}
         out = self.compare(case, asd, dense) if dense else {}
         for p in peers:
             if p.error is None:
@@ -187,20 +197,23 @@ class Session:
 
     def interleave(self, case: str, calls: Mapping[str, Callable[[], object]], asd: dict[str, Timing | None],
                    peers: Sequence[PeerResult], rounds: int | None = None) -> tuple[dict, list[PeerResult]]:
-        """Time asd's steady calls and each peer's best call again, in turns, ``rounds`` times
-        (default :data:`INTERLEAVE_ROUNDS`, one in a quick run), and report the medians over those
-        blocks.
+        """Time asd's steady calls and every variant of each peer's call again, in turns, ``rounds``
+        times (default :data:`INTERLEAVE_ROUNDS`, one in a quick run), and report the medians over
+        those blocks.
 
         One block lasts a fraction of a second, while this machine's speed moves by 1.5-3x over
         seconds to minutes: a ratio of two blocks taken a minute apart measures the moment as much
-        as the code. With the blocks alternating, both sides' medians are taken over the same
-        stretch of time. Each block starts with :data:`BLOCK_WARMUP_TIME` seconds of untimed calls,
-        so that a process that sat idle through the other side's block (the asdex runner's XLA
-        threads, both sides' caches) is back in its steady state when the samples start. ``calls``
-        maps keys of ``asd`` (``"prepared"``, ``"compiled"``) to the callables timed there; only
-        peers that can time their call again (:attr:`PeerResult.again`) take part. Every block is
-        recorded (variant ``round k``); the first measurements stay in the record but not in the
-        medians. Returns ``(asd, peers)`` with the pooled timings in place of the first ones."""
+        as the code. With the blocks alternating (the peers first in odd rounds, asd first in even
+        ones), both sides' medians are taken over the same stretch of time. Each block starts with
+        :data:`BLOCK_WARMUP_TIME` seconds of untimed calls, so that a process that sat idle through
+        the other side's block (the asdex runner's XLA threads, both sides' caches) is back in its
+        steady state when the samples start. Every variant of a peer is timed again, so the best
+        one is chosen from the rounds too. ``calls`` maps keys of ``asd`` (``"prepared"``,
+        ``"compiled"``) to the callables timed there; only peers that can time their calls again
+        (:attr:`PeerResult.again`) take part, and one whose process ends keeps the rounds it
+        completed (:attr:`PeerResult.rounds` says how many). Every block is recorded (variant
+        ``round k``); the first measurements stay in the record but not in the medians. Returns
+        ``(asd, peers)`` with the pooled timings in place of the first ones."""
         rounds = (1 if self.quick else INTERLEAVE_ROUNDS) if rounds is None else rounds
         keys = [k for k in calls if asd.get(k) is not None]
         live = [p for p in peers if p.error is None and p.again is not None and p.call is not None]
@@ -208,24 +221,36 @@ class Session:
             return asd, list(peers)
         policy = replace(self.policy, warmup_time=0.0 if self.quick else BLOCK_WARMUP_TIME)
         blocks: dict = {k: [] for k in keys}
-        peer_blocks: dict = {p.peer: [] for p in live}
-        for r in range(1, rounds + 1):
+        peer_blocks: dict = {p.peer: {label: [] for label in p.call.timings} for p in live}
+        taken = {p.peer: 0 for p in live}
+
+        def time_peers(r: int) -> None:
             for p in list(live):
-                try:
-                    block = p.again(policy)
-                except Exception as exc:  # noqa: BLE001 - the peer's process ended: the blocks so far count
-                    print(f"  {case}: {p.peer} stopped in round {r} ({exc}); its earlier blocks are kept")
+                try:  # a round counts for a peer only with every variant timed
+                    got = {label: p.again(label, policy) for label in p.call.timings}
+                except Exception as exc:  # noqa: BLE001 - the peer's process ended: the rounds so far count
+                    print(f"  {case}: {p.peer} stopped in round {r} ({exc}); its earlier rounds are kept")
                     live.remove(p)
                     continue
-                peer_blocks[p.peer].append(self.record(case, f"{p.peer} call", block, f"{p.call.best} round {r}"))
+                for label, block in got.items():
+                    peer_blocks[p.peer][label].append(self.record(case, f"{p.peer} call", block, f"{label} round {r}"))
+                taken[p.peer] += 1
+
+        def time_asd(r: int) -> None:
             for k in keys:
                 blocks[k].append(self.measure(case, f"asd {k}", calls[k], variant=f"round {r}", policy=policy))
+
+        for r in range(1, rounds + 1):
+            for part in ((time_peers, time_asd) if r % 2 else (time_asd, time_peers)):
+                part(r)
         asd = dict(asd, **{k: pooled(b) for k, b in blocks.items()})
         out = []
         for p in peers:
-            if peer_blocks.get(p.peer):
-                timings = dict(p.call.timings, **{p.call.best: pooled(peer_blocks[p.peer])})
-                p = replace(p, call=Variants(p.call.impl, timings))
+            if p.peer in taken:
+                if taken[p.peer]:
+                    timings = {label: pooled(b) for label, b in peer_blocks[p.peer].items()}
+                    p = replace(p, call=Variants(p.call.impl, timings))
+                p = replace(p, rounds=taken[p.peer])
             out.append(p)
         return asd, out
 
@@ -247,6 +272,8 @@ class Session:
 INTERLEAVE_ROUNDS = 3
 #: seconds of untimed calls that start each block of :meth:`Session.interleave` (full runs)
 BLOCK_WARMUP_TIME = 0.5
+#: asd's timings that a peer's call is compared with (its one-off is compared with ``"oneoff"``)
+STEADY = ("prepared", "compiled", "call")
 
 
 def pooled(blocks: Sequence[Timing]) -> Timing:

@@ -49,10 +49,8 @@ def _casadi(session: Session, case: str, n: int, build) -> PeerResult:
         oneoff[kind] = session.measure(case, "casadi one-off", lambda: build(ca, Sym)(x0), variant=kind)
         fn = fns[kind] = build(ca, Sym)
         call[kind] = session.measure(case, "casadi call", lambda fn=fn: fn(x0), variant=kind)
-    calls = Variants("casadi", call)
-    best = fns[calls.best]
-    return PeerResult("casadi", calls, Variants("casadi", oneoff), version=ca.__version__,
-                      again=lambda policy: measure(lambda: best(x0), policy))
+    return PeerResult("casadi", Variants("casadi", call), Variants("casadi", oneoff), version=ca.__version__,
+                      again=lambda label, policy: measure(lambda: fns[label](x0), policy))
 
 
 def casadi_brusselator(session: Session, case: str, N: int) -> PeerResult:
@@ -124,7 +122,11 @@ class _Runner:
         return Timing.from_json(self.answer())
 
     def reason(self) -> str:
-        self.proc.wait(timeout=30)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # its stdout ended but it did not: it is ended here
+            self.proc.kill()
+            self.proc.wait()
         self.err.seek(0)
         lines = self.err.read().strip().splitlines()
         return lines[-1] if lines else f"asdex failed (exit status {self.proc.returncode})"
@@ -140,12 +142,11 @@ class _Runner:
         self.err.close()
 
 
-#: XLA's CPU runtime on one thread (no Eigen thread pool for intra-op work): on this 2-core machine
-#: asdex's jitted B3 n=10^5 call takes 0.47 ms this way, against 0.48-1.1 ms with the default pool
-#: (its speed there changes within one process)
-XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+#: XLA's CPU runtime without its multi-threaded Eigen: on this 2-core machine asdex's jitted B3
+#: n=10^5 call took 0.47-0.5 ms this way, against 0.48-1.1 ms by default (changing within one process)
+XLA_EIGEN_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
 #: the XLA configurations asdex runs in: a suffix of its variants' labels, and the XLA_FLAGS added
-XLA_CONFIGS = (("", None), (", XLA 1 thread", XLA_ONE_THREAD))
+XLA_CONFIGS = (("", None), (", Eigen 1 thread", XLA_EIGEN_ONE_THREAD))
 
 
 def _xla_env(flags: str | None) -> dict:
@@ -159,55 +160,66 @@ def asdex(session: Session, case: str, problem: str, size: int, timeout: float =
           serve: bool = False) -> PeerResult:
     """Run benchmarks/_asdex_runner.py in the JAX environment under the session's policy, once per
     XLA configuration of :data:`XLA_CONFIGS` (each runner's eager and jitted variants, labelled with
-    the configuration's suffix). With ``serve``, the runners stay set up: the result's ``again``
-    times the best variant's call once more and ``close`` ends them (the caller's duty)."""
+    the configuration's suffix; a configuration that fails is named in the result's ``notes``).
+    With ``serve``, the runners stay set up: the result's ``again`` times a variant's call once more
+    and ``close`` ends them (the caller's duty)."""
     python = jax_python()
     if not os.path.exists(python):
         return PeerResult.failed("asdex", "no JAX environment (run make bench, or set ASD_JAX_PYTHON)")
     cmd = [python, os.path.join(HERE, "_asdex_runner.py"), problem, str(size), json.dumps(session.policy.to_json())]
     parts: dict = {"oneoff": {}, "call": {}}
     runners, where, errors, version = [], {}, [], None
-    for suffix, flags in XLA_CONFIGS:
-        env = _xla_env(flags)
-        runner = None
-        if serve:
-            runner = _Runner(cmd + ["serve"], timeout, env)
-            try:
-                res = runner.answer()
-            except RuntimeError as exc:
-                runner.close()
-                errors.append(str(exc))
-                continue
-            runners.append(runner)
-        else:
-            try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-            except subprocess.TimeoutExpired:
-                errors.append(f"asdex timed out after {timeout} s")
-                continue
-            if out.returncode != 0:
-                errors.append(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "asdex failed")
-                continue
-            res = json.loads(out.stdout.strip().splitlines()[-1])
-        version = res.get("version")
-        for what in ("oneoff", "call"):
-            for k, t in res[what].items():
-                parts[what][k + suffix] = session.record(case, f"asdex {what.replace('oneoff', 'one-off')}",
-                                                         Timing.from_json(t), k + suffix)
-                where[k + suffix] = (runner, k)
-    if not parts["call"]:
-        return PeerResult.failed("asdex", errors[0] if errors else "asdex failed")
-    call, oneoff = Variants("asdex", parts["call"]), Variants("asdex", parts["oneoff"])
-    if not runners:
-        return PeerResult("asdex", call, oneoff, version=version)
-    runner, label = where[call.best]
 
     def close():
         for r in runners:
             r.close()
 
-    return PeerResult("asdex", call, oneoff, version=version, again=lambda policy: runner.ask(label, policy),
-                      close=close)
+    try:
+        for suffix, flags in XLA_CONFIGS:
+            env = _xla_env(flags)
+            runner = None
+            if serve:
+                runner = _Runner(cmd + ["serve"], timeout, env)
+                runners.append(runner)
+                try:
+                    res = runner.answer()
+                except (RuntimeError, ValueError) as exc:  # (a line that is not JSON: ValueError)
+                    runner.close()
+                    runners.remove(runner)
+                    errors.append(f"XLA_FLAGS={flags or 'default'}: {exc}")
+                    continue
+            else:
+                try:
+                    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+                except subprocess.TimeoutExpired:
+                    errors.append(f"XLA_FLAGS={flags or 'default'}: asdex timed out after {timeout} s")
+                    continue
+                if out.returncode != 0:
+                    errors.append(f"XLA_FLAGS={flags or 'default'}: "
+                                  + (out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "asdex failed"))
+                    continue
+                res = json.loads(out.stdout.strip().splitlines()[-1])
+            version = res.get("version")
+            for what in ("oneoff", "call"):
+                for k, t in res[what].items():
+                    parts[what][k + suffix] = session.record(case, f"asdex {what.replace('oneoff', 'one-off')}",
+                                                             Timing.from_json(t), k + suffix)
+                    where[k + suffix] = (runner, k)
+    except BaseException:  # the runners started so far end with this call
+        close()
+        raise
+    if not parts["call"]:
+        close()
+        return PeerResult.failed("asdex", "; ".join(errors) if errors else "asdex failed")
+    call, oneoff = Variants("asdex", parts["call"]), Variants("asdex", parts["oneoff"])
+    if not runners:
+        return PeerResult("asdex", call, oneoff, version=version, notes=tuple(errors))
+
+    def again(label: str, policy: Policy) -> Timing:
+        runner, base = where[label]
+        return runner.ask(base, policy)
+
+    return PeerResult("asdex", call, oneoff, version=version, again=again, close=close, notes=tuple(errors))
 
 
 CASADI = {"brusselator": casadi_brusselator, "rosenbrock": casadi_rosenbrock_hessian}

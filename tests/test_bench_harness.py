@@ -106,67 +106,73 @@ def test_session_labels_best_variants_and_computes_ratios_in_one_place():
 
 
 def test_interleave_alternates_blocks_and_pools_their_samples(monkeypatch):
-    """asd's steady calls and each live peer's best call are timed again in turns, each block after
-    its warm-up time; every block is recorded, the medians are over the interleaved blocks only,
-    and a peer whose process ends keeps the blocks it gave."""
+    """asd's steady calls and every variant of each live peer's call are timed again in turns
+    (peers first in odd rounds, asd first in even ones), each block after its warm-up time; every
+    block is recorded, the medians (and the best variant) come from the interleaved blocks only,
+    and a peer whose process ends keeps the rounds it completed, which its record counts."""
     monkeypatch.setattr(harness, "BLOCK_WARMUP_TIME", 0.01)
     s = harness.Session("t", Policy(warmup=1, repeat=2, min_time=0.0, budget=100.0))
     T = lambda *v: Timing(tuple(v), 1, 1, v[0])  # noqa: E731
     order, policies = [], []
+    # CasADi: MX was best in its first blocks, SX is in the rounds (the best is chosen from those)
+    rounds_of = {"SX": iter([T(1.5, 1.5), T(1.5, 1.5)]), "MX": iter([T(3.0, 3.0), T(3.0, 3.0)])}
 
-    def again(label, values):
-        it = iter(values)
+    def casadi_again(label, policy):
+        order.append(f"casadi {label}")
+        policies.append(policy)
+        return next(rounds_of[label])
 
-        def block(policy):
-            order.append(label)
-            policies.append(policy)
-            return next(it)
-        return block
-
-    def dying(policy):
-        order.append("asdex")
-        if order.count("asdex") > 1:
+    def dying(label, policy):
+        order.append(f"asdex {label}")
+        if sum(o.startswith("asdex") for o in order) > 1:
             raise RuntimeError("runner ended")
         return T(7.0, 7.0)
 
     casadi = harness.PeerResult("casadi", harness.Variants("casadi", {"SX": T(4.0), "MX": T(2.0)}),
-                                harness.Variants("casadi", {"SX": T(30.0), "MX": T(60.0)}),
-                                again=again("casadi", [T(1.0, 1.0), T(1.0, 1.0)]))
+                                harness.Variants("casadi", {"SX": T(30.0), "MX": T(60.0)}), again=casadi_again)
     asdex = harness.PeerResult("asdex", harness.Variants("asdex", {"jit": T(9.0)}),
                                harness.Variants("asdex", {"jit": T(90.0)}), again=dying)
     absent = harness.PeerResult.failed("other", "not installed")
     calls = {"prepared": lambda: order.append("prepared"), "compiled": lambda: order.append("compiled")}
     timings = {"oneoff": T(10.0), "prepared": T(3.0), "compiled": T(5.0)}
     out, peers = s.interleave("B1", calls, timings, [casadi, asdex, absent], rounds=2)
-    # per round: the peers, then asd's calls (warm-up calls for at least the block's warm-up time,
-    # then two samples)
-    for r in range(2):
-        assert order[:2] == ["casadi", "asdex"], order[:5]
-        del order[:2]
-        for key in ("prepared", "compiled"):
-            n = next(i for i, k in enumerate(order) if k != key) if any(k != key for k in order) else len(order)
-            assert n >= 3 and set(order[:n]) == {key}
-            del order[:n]
-    assert not order
+
+    def take(label):  # a block of asd's: warm-up calls for at least the warm-up time, then two samples
+        n = next((i for i, k in enumerate(order) if k != label), len(order))
+        assert n >= 3, order[:5]
+        del order[:n]
+
+    assert order[:3] == ["casadi SX", "casadi MX", "asdex jit"]
+    del order[:3]
+    take("prepared"), take("compiled")
+    take("prepared"), take("compiled")  # round 2: asd first
+    assert order == ["casadi SX", "casadi MX", "asdex jit"]
     assert all(p.warmup_time == 0.01 and p.repeat == 2 for p in policies)
     assert out["oneoff"] is timings["oneoff"]
     # the first measurements are not pooled: the blocks of the two rounds are
     assert len(out["prepared"].samples) == 2 * 2 and 3.0 not in out["prepared"].samples
     assert out["prepared"].warmup >= 1 and len(out["compiled"].samples) == 2 * 2
     c, a, o = peers
-    assert c.call.timings["MX"].samples == (1.0, 1.0, 1.0, 1.0) and c.call.timings["SX"].samples == (4.0,)
-    assert c.call.best == "MX" and c.to_json()["call"] == 1.0
-    assert a.call.timings["jit"].samples == (7.0, 7.0)  # round 2 failed: round 1 kept
+    assert c.call.timings["SX"].samples == (1.5,) * 4 and c.call.timings["MX"].samples == (3.0,) * 4
+    assert c.call.best == "SX" and c.to_json()["call"] == 1.5 and c.to_json()["rounds"] == 2
+    assert a.call.timings["jit"].samples == (7.0, 7.0) and a.rounds == 1  # round 2 failed: round 1 kept
+    assert a.to_json()["rounds"] == 1
     assert o is absent
     rounds = [(m["impl"], m["variant"]) for m in s.measurements]
-    assert rounds == [("casadi call", "MX round 1"), ("asdex call", "jit round 1"), ("asd prepared", "round 1"),
-                      ("asd compiled", "round 1"), ("casadi call", "MX round 2"), ("asd prepared", "round 2"),
-                      ("asd compiled", "round 2")]
+    assert rounds == [("casadi call", "SX round 1"), ("casadi call", "MX round 1"), ("asdex call", "jit round 1"),
+                      ("asd prepared", "round 1"), ("asd compiled", "round 1"), ("asd prepared", "round 2"),
+                      ("asd compiled", "round 2"), ("casadi call", "SX round 2"), ("casadi call", "MX round 2")]
     r = s.ratios("B1", out, {}, peers)
-    assert r["casadi.call/prepared"] == pytest.approx(1.0 / out["prepared"].median)
+    assert r["casadi.call/prepared"] == pytest.approx(1.5 / out["prepared"].median)
+    assert "casadi.call/oneoff" not in r and r["casadi.oneoff/oneoff"] == 3.0
+    # a peer's call is compared with asd's steady calls only
+    extra = dict(timings, detection_warm=T(1.0), oneoff_new=T(12.0))
+    assert set(s.ratios("B1", extra, {}, [casadi])) == {"casadi.oneoff/oneoff", "casadi.call/prepared",
+                                                         "casadi.call/compiled"}
     # nothing to interleave: the timings as they were
     assert s.interleave("B1", calls, timings, [absent], rounds=2) == (timings, [absent])
     assert s.interleave("B1", {}, timings, [casadi], rounds=2)[0] is timings
+    assert "rounds" not in casadi.to_json()
 
 
 def test_warm_up_time_adds_untimed_calls():
@@ -254,7 +260,7 @@ def test_asdex_runner_times_eager_and_jit(tmp_path):
     s = harness.Session("t", Policy(warmup=1, repeat=2, min_time=0.0, budget=60.0))
     r = peers.asdex(s, "B1 N=4", "brusselator", 4)
     assert r.error is None, r.error
-    labels = {"eager", "jit", "eager, XLA 1 thread", "jit, XLA 1 thread"}
+    labels = {"eager", "jit", "eager, Eigen 1 thread", "jit, Eigen 1 thread"}
     assert set(r.call.timings) == labels and set(r.oneoff.timings) == labels and r.call.best in labels
     assert all(t.warmup == 1 and len(t.samples) == 2 for t in r.call.timings.values())
     assert {m["impl"] for m in s.measurements} == {"asdex call", "asdex one-off"}
@@ -264,10 +270,12 @@ def test_asdex_runner_times_eager_and_jit(tmp_path):
     r = peers.asdex(s, "B1 N=4", "brusselator", 4, serve=True)
     assert r.error is None, r.error
     try:
-        blocks = [r.again(s.policy), r.again(Policy(warmup=3, repeat=1, min_time=0.0, budget=60.0))]
+        blocks = [r.again("jit, Eigen 1 thread", s.policy),
+                  r.again("eager", Policy(warmup=3, repeat=1, min_time=0.0, budget=60.0))]
         assert [(t.warmup, len(t.samples)) for t in blocks] == [(1, 2), (3, 1)]
+        assert blocks[1].median > 10 * blocks[0].median  # the eager variant, in the other process
     finally:
         r.close()
     assert r.close() is None  # closing twice is harmless
     with pytest.raises(Exception):
-        r.again(s.policy)
+        r.again("jit", s.policy)

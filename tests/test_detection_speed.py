@@ -566,6 +566,28 @@ def test_gather_of_one_entry_rows_matches_the_general_gather(data):
         K.gather_rows(indptr, indices, np.array([0, rows] if rows else [rows], dtype=np.int64))
 
 
+@pytest.mark.parametrize("indptr, indices, idx", [
+    ([0, 1, 2], [0, 1], [0, 1]),  # well formed: served
+    ([1, 2, 3], [0, 1], [1]),  # a one-entry row past the indices
+    ([-1, 0, 1], [0, 1], [0]),  # a negative pointer
+    ([2**63 - 1, -2**63], [33], [0]),  # a pointer pair whose length wraps in int64
+    ([0, 1, 5], [0, 1], [0, 1]),  # the second row runs past the indices
+])
+def test_gather_of_malformed_one_entry_rows_raises(indptr, indices, idx):
+    """The one-pass gather reads nothing outside ``indices`` (the kernels have no bounds checks):
+    a row taken whose pointers leave them is left to the general gather, which raises."""
+    from asd.detection import _set_kernels as K
+
+    indptr, indices = np.array(indptr, dtype=np.int64), np.array(indices, dtype=np.int64)
+    idx = np.array(idx, dtype=np.int64)
+    if indptr[0] == 0 and indptr[-1] == 2 and len(indptr) == 3 and indptr[1] == 1:
+        cp, cj = K.gather_rows(indptr, indices, idx)
+        assert cp.tolist() == [0, 1, 2] and cj.tolist() == [0, 1]
+        return
+    with pytest.raises(ValueError, match="malformed"):
+        K.gather_rows(indptr, indices, idx)
+
+
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_union_matches_dense(data):

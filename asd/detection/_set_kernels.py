@@ -81,25 +81,27 @@ def consecutive(idx, s):
 @njit(cache=True)
 def gather_rows(indptr, indices, idx):
     """Rows ``idx`` of a CSR structure (a negative index gives an empty row; one past the last
-    row raises ``IndexError``): ``(indptr, indices)``, the indptr in int64. Where every row holds
-    one entry and every index is a row (the elements of an input moved by ``roll``, ``flip``, a
-    permutation), each output row is its one entry, read in one pass."""
+    row raises ``IndexError``): ``(indptr, indices)``, the indptr in int64. Where every row taken
+    is a row of the structure holding one entry within ``indices`` (the elements of an input moved
+    by ``roll``, ``flip``, a permutation), each output row is that entry, read in one pass that
+    checks as it goes (in the number of rows taken)."""
     k = idx.shape[0]
     rows = indptr.shape[0] - 1
     nnz = indices.shape[0]
-    unit = indptr[0] >= 0 and indptr[rows] <= nnz
-    for i in range(rows):  # no early exit: it vectorizes
-        unit &= indptr[i + 1] - indptr[i] == 1
+    unit = True
+    cj = np.empty(k, dtype=indices.dtype)
+    for r in range(k):
+        i = idx[r]
+        if i < 0 or i >= rows:
+            unit = False
+            break
+        s = indptr[i]
+        if s < 0 or s >= nnz or indptr[i + 1] != s + 1:  # (s < nnz: s + 1 cannot wrap)
+            unit = False
+            break
+        cj[r] = indices[s]
     if unit:
-        inside = True
-        for r in range(k):
-            inside &= (idx[r] >= 0) & (idx[r] < rows)
-        if inside:
-            cp = np.arange(k + 1).astype(np.int64)
-            cj = np.empty(k, dtype=indices.dtype)
-            for r in range(k):
-                cj[r] = indices[indptr[idx[r]]]
-            return cp, cj
+        return np.arange(k + 1).astype(np.int64), cj
     cp = np.empty(k + 1, dtype=np.int64)
     cp[0] = 0
     total = 0

@@ -5,7 +5,8 @@ Usage: python _asdex_runner.py brusselator|rosenbrock SIZE POLICY_JSON [call] [s
 (``call``: the prepared call only, no one-off; the JAX default device, a GPU where JAX has one.
 ``serve``: after the JSON line, stay set up and answer each line read from stdin, a JSON object
 ``{"label": variant, "policy": policy}``, with one more block of that variant's call timed under
-that policy, as one JSON line (the harness's interleaved rounds); end of input ends the process)
+that policy, as one JSON line (the harness's interleaved rounds); end of input ends the process.
+``ASD_PEER_CORES=n`` in the environment: run on n CPUs)
 """
 
 import importlib.util
@@ -13,7 +14,12 @@ import json
 import os
 import sys
 
-import jax
+# the harness's thread budget: with ASD_PEER_CORES set, the process runs on that many of its CPUs,
+# chosen before JAX starts (XLA sizes its thread pools from them)
+if os.environ.get("ASD_PEER_CORES"):
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: int(os.environ["ASD_PEER_CORES"])]))
+
+import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 import asdex  # noqa: E402
@@ -96,6 +102,7 @@ def main():
         fn = fns[label] = wrap(prepare(f, x))
         call[label] = timing.measure(lambda fn=fn: block(fn(x)), policy).to_json()
     print(json.dumps({"oneoff": oneoff, "call": call, "version": getattr(asdex, "__version__", None),
+                      "cpus": len(os.sched_getaffinity(0)),
                       "device": str(x.devices().pop()) if hasattr(x, "devices") else None}), flush=True)
     if "serve" in sys.argv[4:]:
         for line in sys.stdin:

@@ -39,7 +39,9 @@ def arguments(name: str, description: str | None) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None,
                    help=f"JSON file to write (default benchmarks/results/{name}.json; with --quick "
                         f"${OUT_ENV}/{name}.json or a new temporary folder)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (peers run single-threaded)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads; the peers get as many CPUs (asdex's runner is limited to "
+                        "them, CasADi runs on one)")
     p.add_argument("--no-peers", action="store_true", help="time asd and dense AD only")
     p.set_defaults(bench_name=name)
     return p
@@ -99,7 +101,7 @@ class PeerResult:
     under ``policy``) while the peer is still set up, for :meth:`Session.interleave`; ``close``
     releases what it holds (the asdex runners' processes). Neither is part of the record.
     ``rounds``: the interleaved rounds the call's timings come from (``None``: not interleaved);
-    ``notes``: what went wrong short of a failure (one of asdex's configurations)."""
+    ``notes``: how it ran (the CPUs it was limited to, one of asdex's configurations that failed)."""
 
     peer: str
     call: Variants | None = None

@@ -110,7 +110,7 @@ def main(argv=None) -> dict:
     rows = []
     for n in sizes:
         name = f"B3 n={n:g}"
-        found = peers.run(s, name, "rosenbrock", n) if not a.no_peers and n in peer_sizes else []
+        found = peers.run(s, name, "rosenbrock", n, cores=a.threads) if not a.no_peers and n in peer_sizes else []
         try:
             rows.append(measure(s, name, fresh_rosenbrock, n, dense=not a.no_dense,
                                 compile=not (a.no_compile or a.quick) and n <= 10**5, peer_results=found))

@@ -157,18 +157,23 @@ def _xla_env(flags: str | None) -> dict:
 
 
 def asdex(session: Session, case: str, problem: str, size: int, timeout: float = 1200, *,
-          serve: bool = False) -> PeerResult:
+          serve: bool = False, cores: int | None = None) -> PeerResult:
     """Run benchmarks/_asdex_runner.py in the JAX environment under the session's policy, once per
     XLA configuration of :data:`XLA_CONFIGS` (each runner's eager and jitted variants, labelled with
     the configuration's suffix; a configuration that fails is named in the result's ``notes``).
     With ``serve``, the runners stay set up: the result's ``again`` times a variant's call once more
-    and ``close`` ends them (the caller's duty)."""
+    and ``close`` ends them (the caller's duty). ``cores``: the CPUs the runners may use (the
+    benchmark's torch thread count; XLA otherwise runs B3's products on two cores while asd runs on
+    one: 0.47 against 0.81-0.85 ms on one core), noted in the result."""
     python = jax_python()
     if not os.path.exists(python):
         return PeerResult.failed("asdex", "no JAX environment (run make bench, or set ASD_JAX_PYTHON)")
     cmd = [python, os.path.join(HERE, "_asdex_runner.py"), problem, str(size), json.dumps(session.policy.to_json())]
     parts: dict = {"oneoff": {}, "call": {}}
     runners, where, errors, version = [], {}, [], None
+    available = len(os.sched_getaffinity(0))
+    limit = cores is not None and cores < available
+    used: set = set()  # the CPUs each runner reports it ran on
 
     def close():
         for r in runners:
@@ -177,6 +182,8 @@ def asdex(session: Session, case: str, problem: str, size: int, timeout: float =
     try:
         for suffix, flags in XLA_CONFIGS:
             env = _xla_env(flags)
+            if limit:
+                env["ASD_PEER_CORES"] = str(cores)
             runner = None
             if serve:
                 runner = _Runner(cmd + ["serve"], timeout, env)
@@ -200,6 +207,7 @@ def asdex(session: Session, case: str, problem: str, size: int, timeout: float =
                     continue
                 res = json.loads(out.stdout.strip().splitlines()[-1])
             version = res.get("version")
+            used.add(res.get("cpus"))
             for what in ("oneoff", "call"):
                 for k, t in res[what].items():
                     parts[what][k + suffix] = session.record(case, f"asdex {what.replace('oneoff', 'one-off')}",
@@ -212,24 +220,27 @@ def asdex(session: Session, case: str, problem: str, size: int, timeout: float =
         close()
         return PeerResult.failed("asdex", "; ".join(errors) if errors else "asdex failed")
     call, oneoff = Variants("asdex", parts["call"]), Variants("asdex", parts["oneoff"])
+    remarks = [f"run on {'/'.join(str(c) for c in sorted(used, key=str))} of {available} CPUs (the benchmark's "
+               "thread count)"] if limit else []
     if not runners:
-        return PeerResult("asdex", call, oneoff, version=version, notes=tuple(errors))
+        return PeerResult("asdex", call, oneoff, version=version, notes=tuple(remarks + errors))
 
     def again(label: str, policy: Policy) -> Timing:
         runner, base = where[label]
         return runner.ask(base, policy)
 
-    return PeerResult("asdex", call, oneoff, version=version, again=again, close=close, notes=tuple(errors))
+    return PeerResult("asdex", call, oneoff, version=version, again=again, close=close,
+                      notes=tuple(remarks + errors))
 
 
 CASADI = {"brusselator": casadi_brusselator, "rosenbrock": casadi_rosenbrock_hessian}
 
 
-def run(session: Session, case: str, problem: str, size: int) -> list[PeerResult]:
+def run(session: Session, case: str, problem: str, size: int, cores: int | None = None) -> list[PeerResult]:
     """Every peer on ``problem`` ("brusselator": B1 Jacobian, "rosenbrock": B3 Hessian) at ``size``,
     each left set up to time its call again (:meth:`harness.Session.interleave`); :func:`close`
-    them afterwards."""
-    return [CASADI[problem](session, case, size), asdex(session, case, problem, size, serve=True)]
+    them afterwards. ``cores``: the CPUs a peer may use (CasADi runs on one anyway)."""
+    return [CASADI[problem](session, case, size), asdex(session, case, problem, size, serve=True, cores=cores)]
 
 
 def close(results: list[PeerResult]) -> None:

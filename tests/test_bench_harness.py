@@ -266,6 +266,12 @@ def test_asdex_runner_times_eager_and_jit(tmp_path):
     assert {m["impl"] for m in s.measurements} == {"asdex call", "asdex one-off"}
     assert r.again is None and r.close is None
 
+    # limited to one CPU (a 1-thread benchmark), noted in the result
+    if len(os.sched_getaffinity(0)) > 1:
+        one = peers.asdex(s, "B1 N=4", "brusselator", 4, cores=1)
+        assert one.error is None and any(n.startswith("run on 1 of") for n in one.notes), one.notes  # as reported
+    assert not peers.asdex(s, "B1 N=4", "brusselator", 4, cores=len(os.sched_getaffinity(0))).notes
+
     # kept running for the interleaved rounds: each again() is a new block of the best call
     r = peers.asdex(s, "B1 N=4", "brusselator", 4, serve=True)
     assert r.error is None, r.error

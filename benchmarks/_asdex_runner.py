@@ -6,7 +6,7 @@ Usage: python _asdex_runner.py brusselator|rosenbrock SIZE POLICY_JSON [call] [s
 ``serve``: after the JSON line, stay set up and answer each line read from stdin, a JSON object
 ``{"label": variant, "policy": policy}``, with one more block of that variant's call timed under
 that policy, as one JSON line (the harness's interleaved rounds); end of input ends the process.
-``ASD_PEER_CORES=n`` in the environment: run on n CPUs)
+``ASD_PEER_CPUS=0,1`` in the environment: run on those CPUs)
 """
 
 import importlib.util
@@ -14,10 +14,10 @@ import json
 import os
 import sys
 
-# the harness's thread budget: with ASD_PEER_CORES set, the process runs on that many of its CPUs,
-# chosen before JAX starts (XLA sizes its thread pools from them)
-if os.environ.get("ASD_PEER_CORES"):
-    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: int(os.environ["ASD_PEER_CORES"])]))
+# the harness's CPUs: with ASD_PEER_CPUS set (a comma-separated list), the process runs on those,
+# set before JAX starts (XLA sizes its thread pools from them)
+if os.environ.get("ASD_PEER_CPUS"):
+    os.sched_setaffinity(0, {int(c) for c in os.environ["ASD_PEER_CPUS"].split(",")})
 
 import jax  # noqa: E402
 

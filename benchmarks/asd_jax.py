@@ -80,6 +80,7 @@ def main(argv=None) -> dict:
     import asd.jax as aj
 
     s = Session.from_args(a)
+    s.cpus = None  # both sides are XLA, each on its process's CPUs (asd.jax's pool exists before any pinning)
     brusselator, rosenbrock = problems()
     N, n = (8, 100) if a.quick else (64, 10 ** 5)
     f, size = brusselator(N)

@@ -40,8 +40,8 @@ def arguments(name: str, description: str | None) -> argparse.ArgumentParser:
                    help=f"JSON file to write (default benchmarks/results/{name}.json; with --quick "
                         f"${OUT_ENV}/{name}.json or a new temporary folder)")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads; the peers get as many CPUs (asdex's runner is limited to "
-                        "them, CasADi runs on one)")
+                   help="torch intra-op threads; in the peers' comparisons (jacobian, hessian) both sides get "
+                        "as many CPUs (asdex's runners and asd's thread are limited to them, CasADi runs on one)")
     p.add_argument("--no-peers", action="store_true", help="time asd and dense AD only")
     p.set_defaults(bench_name=name)
     return p
@@ -52,7 +52,15 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> arg
     a = parser.parse_args(argv)
     a.policy = QUICK if a.quick else FULL
     a.out = output_path(a.bench_name, a.out, a.quick)
+    a.cpus = peer_cpus(a.threads)
     return a
+
+
+def peer_cpus(threads: int) -> tuple[int, ...] | None:
+    """The CPUs both sides of a peer comparison run on with ``threads`` torch threads: the first
+    ``threads`` of this process's, or ``None`` (no limit) where that is all of them."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return tuple(cpus[:max(threads, 1)]) if threads < len(cpus) else None
 
 
 def output_path(name: str, out: str | None, quick: bool) -> str:
@@ -134,14 +142,16 @@ class PeerResult:
 class Session:
     """Times callables under one policy and keeps every measurement and every ratio for the record."""
 
-    def __init__(self, name: str, policy: Policy = FULL, *, quick: bool = False):
+    def __init__(self, name: str, policy: Policy = FULL, *, quick: bool = False, cpus: tuple[int, ...] | None = None):
         self.name, self.policy, self.quick = name, policy, quick
+        #: the CPUs the peers run on (:func:`peer_cpus`), and asd's thread during :meth:`interleave`
+        self.cpus = cpus
         self.measurements: list[dict] = []
         self.comparisons: list[dict] = []
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Session:
-        return cls(args.bench_name, args.policy, quick=args.quick)
+        return cls(args.bench_name, args.policy, quick=args.quick, cpus=getattr(args, "cpus", None))
 
     def measure(self, case: str, impl: str, fn: Callable[[], object], *, variant: str = "",
                 policy: Policy | None = None) -> Timing:
@@ -194,7 +204,8 @@ class Session:
         for p in peers:
             if p.error is None:
                 out.update(self.compare(case, {"oneoff": asd.get("oneoff")}, {f"{p.peer}.oneoff": p.oneoff}))
-                out.update(self.compare(case, steady, {f"{p.peer}.call": p.call}))
+                if p.rounds != 0:  # (a peer that ended before its first round has no block beside asd's)
+                    out.update(self.compare(case, steady, {f"{p.peer}.call": p.call}))
         return out
 
     def interleave(self, case: str, calls: Mapping[str, Callable[[], object]], asd: dict[str, Timing | None],
@@ -206,7 +217,8 @@ class Session:
         One block lasts a fraction of a second, while this machine's speed moves by 1.5-3x over
         seconds to minutes: a ratio of two blocks taken a minute apart measures the moment as much
         as the code. With the blocks alternating (the peers first in odd rounds, asd first in even
-        ones), both sides' medians are taken over the same stretch of time. Each block starts with
+        ones), both sides' medians are taken over the same stretch of time. Where the session has
+        :attr:`cpus`, asd's thread runs on them during the rounds, as the peers' processes do. Each block starts with
         :data:`BLOCK_WARMUP_TIME` seconds of untimed calls, so that a process that sat idle through
         the other side's block (the asdex runner's XLA threads, both sides' caches) is back in its
         steady state when the samples start. Every variant of a peer is timed again, so the best
@@ -242,9 +254,17 @@ class Session:
             for k in keys:
                 blocks[k].append(self.measure(case, f"asd {k}", calls[k], variant=f"round {r}", policy=policy))
 
-        for r in range(1, rounds + 1):
-            for part in ((time_peers, time_asd) if r % 2 else (time_asd, time_peers)):
-                part(r)
+        pinned = None
+        if self.cpus is not None:  # (this thread only: torch's workers are not asked to run on them)
+            pinned = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, self.cpus)
+        try:
+            for r in range(1, rounds + 1):
+                for part in ((time_peers, time_asd) if r % 2 else (time_asd, time_peers)):
+                    part(r)
+        finally:
+            if pinned is not None:
+                os.sched_setaffinity(0, pinned)
         asd = dict(asd, **{k: pooled(b) for k, b in blocks.items()})
         out = []
         for p in peers:
@@ -270,8 +290,8 @@ class Session:
                     comparisons=self.comparisons)
 
 
-#: rounds of :meth:`Session.interleave` in a full run
-INTERLEAVE_ROUNDS = 3
+#: rounds of :meth:`Session.interleave` in a full run (even: each side goes first as often)
+INTERLEAVE_ROUNDS = 4
 #: seconds of untimed calls that start each block of :meth:`Session.interleave` (full runs)
 BLOCK_WARMUP_TIME = 0.5
 #: asd's timings that a peer's call is compared with (its one-off is compared with ``"oneoff"``)

@@ -182,7 +182,7 @@ def main(argv=None) -> dict:
     rows = []
     for N in sizes:
         name = f"B1 N={N}"
-        found = peers.run(s, name, "brusselator", N, cores=a.threads) if not a.no_peers and N in peer_sizes else []
+        found = peers.run(s, name, "brusselator", N) if not a.no_peers and N in peer_sizes else []
         try:
             rows.append(measure(s, name, brusselator(N), brusselator_input(N), dense=not a.no_dense,
                                 compile=not (a.no_compile or a.quick), peer_results=found))

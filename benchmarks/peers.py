@@ -142,11 +142,12 @@ class _Runner:
         self.err.close()
 
 
-#: XLA's CPU runtime without its multi-threaded Eigen: on this 2-core machine asdex's jitted B3
-#: n=10^5 call took 0.47-0.5 ms this way, against 0.48-1.1 ms by default (changing within one process)
-XLA_EIGEN_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
+#: XLA's CPU runtime without its multi-threaded Eigen (XLA still runs its own threads): on two CPUs
+#: asdex's jitted B3 n=10^5 call took 0.47-0.5 ms this way, against 0.48-1.1 ms by default
+#: (changing within one process)
+XLA_NO_EIGEN_THREADS = "--xla_cpu_multi_thread_eigen=false"
 #: the XLA configurations asdex runs in: a suffix of its variants' labels, and the XLA_FLAGS added
-XLA_CONFIGS = (("", None), (", Eigen 1 thread", XLA_EIGEN_ONE_THREAD))
+XLA_CONFIGS = (("", None), (", eigen=false", XLA_NO_EIGEN_THREADS))
 
 
 def _xla_env(flags: str | None) -> dict:
@@ -157,14 +158,15 @@ def _xla_env(flags: str | None) -> dict:
 
 
 def asdex(session: Session, case: str, problem: str, size: int, timeout: float = 1200, *,
-          serve: bool = False, cores: int | None = None) -> PeerResult:
+          serve: bool = False, cpus: tuple[int, ...] | None = None) -> PeerResult:
     """Run benchmarks/_asdex_runner.py in the JAX environment under the session's policy, once per
     XLA configuration of :data:`XLA_CONFIGS` (each runner's eager and jitted variants, labelled with
     the configuration's suffix; a configuration that fails is named in the result's ``notes``).
     With ``serve``, the runners stay set up: the result's ``again`` times a variant's call once more
-    and ``close`` ends them (the caller's duty). ``cores``: the CPUs the runners may use (the
-    benchmark's torch thread count; XLA otherwise runs B3's products on two cores while asd runs on
-    one: 0.47 against 0.81-0.85 ms on one core), noted in the result."""
+    and ``close`` ends them (the caller's duty). ``cpus``: the CPUs the runners run on
+    (:func:`harness.peer_cpus` of the benchmark's torch threads; XLA otherwise ran B3's products on
+    two cores while asd ran on one: 0.47 against 0.81-0.85 ms on one core); the CPUs each runner
+    reports are noted in the result."""
     python = jax_python()
     if not os.path.exists(python):
         return PeerResult.failed("asdex", "no JAX environment (run make bench, or set ASD_JAX_PYTHON)")
@@ -172,8 +174,7 @@ def asdex(session: Session, case: str, problem: str, size: int, timeout: float =
     parts: dict = {"oneoff": {}, "call": {}}
     runners, where, errors, version = [], {}, [], None
     available = len(os.sched_getaffinity(0))
-    limit = cores is not None and cores < available
-    used: set = set()  # the CPUs each runner reports it ran on
+    used: set = set()  # the number of CPUs each runner reports it ran on
 
     def close():
         for r in runners:
@@ -182,8 +183,9 @@ def asdex(session: Session, case: str, problem: str, size: int, timeout: float =
     try:
         for suffix, flags in XLA_CONFIGS:
             env = _xla_env(flags)
-            if limit:
-                env["ASD_PEER_CORES"] = str(cores)
+            env.pop("ASD_PEER_CPUS", None)  # (one exported by the caller's shell would limit it unnoted)
+            if cpus is not None:
+                env["ASD_PEER_CPUS"] = ",".join(str(c) for c in cpus)
             runner = None
             if serve:
                 runner = _Runner(cmd + ["serve"], timeout, env)
@@ -220,8 +222,8 @@ def asdex(session: Session, case: str, problem: str, size: int, timeout: float =
         close()
         return PeerResult.failed("asdex", "; ".join(errors) if errors else "asdex failed")
     call, oneoff = Variants("asdex", parts["call"]), Variants("asdex", parts["oneoff"])
-    remarks = [f"run on {'/'.join(str(c) for c in sorted(used, key=str))} of {available} CPUs (the benchmark's "
-               "thread count)"] if limit else []
+    remarks = [f"ran on {'/'.join(str(c) for c in sorted(used, key=str))} of this machine's {available} CPUs"
+               + (f" (CPUs {','.join(str(c) for c in cpus)}, as asd's thread in the rounds)" if cpus is not None else "")]
     if not runners:
         return PeerResult("asdex", call, oneoff, version=version, notes=tuple(remarks + errors))
 
@@ -236,11 +238,11 @@ def asdex(session: Session, case: str, problem: str, size: int, timeout: float =
 CASADI = {"brusselator": casadi_brusselator, "rosenbrock": casadi_rosenbrock_hessian}
 
 
-def run(session: Session, case: str, problem: str, size: int, cores: int | None = None) -> list[PeerResult]:
+def run(session: Session, case: str, problem: str, size: int) -> list[PeerResult]:
     """Every peer on ``problem`` ("brusselator": B1 Jacobian, "rosenbrock": B3 Hessian) at ``size``,
-    each left set up to time its call again (:meth:`harness.Session.interleave`); :func:`close`
-    them afterwards. ``cores``: the CPUs a peer may use (CasADi runs on one anyway)."""
-    return [CASADI[problem](session, case, size), asdex(session, case, problem, size, serve=True, cores=cores)]
+    each left set up to time its call again (:meth:`harness.Session.interleave`), on the session's
+    CPUs (CasADi runs on one anyway); :func:`close` them afterwards."""
+    return [CASADI[problem](session, case, size), asdex(session, case, problem, size, serve=True, cpus=session.cpus)]
 
 
 def close(results: list[PeerResult]) -> None:

@@ -169,10 +169,32 @@ def test_interleave_alternates_blocks_and_pools_their_samples(monkeypatch):
     extra = dict(timings, detection_warm=T(1.0), oneoff_new=T(12.0))
     assert set(s.ratios("B1", extra, {}, [casadi])) == {"casadi.oneoff/oneoff", "casadi.call/prepared",
                                                          "casadi.call/compiled"}
+    # a peer that ended before its first round keeps no call ratio (its only block is not beside asd's)
+    gone = harness.PeerResult("asdex", harness.Variants("asdex", {"jit": T(9.0)}),
+                              harness.Variants("asdex", {"jit": T(90.0)}), rounds=0)
+    assert set(s.ratios("B1", out, {}, [gone])) == {"asdex.oneoff/oneoff"}
     # nothing to interleave: the timings as they were
     assert s.interleave("B1", calls, timings, [absent], rounds=2) == (timings, [absent])
     assert s.interleave("B1", {}, timings, [casadi], rounds=2)[0] is timings
     assert "rounds" not in casadi.to_json()
+
+
+def test_interleave_runs_asd_on_the_peers_cpus_and_restores_its_own(monkeypatch):
+    """With the session's CPUs set (a 1-thread run on a larger machine), asd's thread runs on them
+    during the rounds, as the peers' processes do, and on its own CPUs again afterwards."""
+    monkeypatch.setattr(harness, "BLOCK_WARMUP_TIME", 0.0)
+    before = os.sched_getaffinity(0)
+    first = harness.peer_cpus(1)
+    assert harness.peer_cpus(len(before)) is None and (first is None) == (len(before) == 1)
+    cpus = first or tuple(before)
+    s = harness.Session("t", Policy(warmup=1, repeat=1, min_time=0.0, budget=100.0), cpus=cpus)
+    seen = []
+    T = Timing((1.0,), 1, 1, 1.0)
+    peer = harness.PeerResult("casadi", harness.Variants("casadi", {"SX": T}), harness.Variants("casadi", {"SX": T}),
+                              again=lambda label, policy: T)
+    s.interleave("c", {"prepared": lambda: seen.append(os.sched_getaffinity(0))}, {"prepared": T}, [peer], rounds=2)
+    assert seen and all(a == set(cpus) for a in seen)
+    assert os.sched_getaffinity(0) == before
 
 
 def test_warm_up_time_adds_untimed_calls():
@@ -260,23 +282,30 @@ def test_asdex_runner_times_eager_and_jit(tmp_path):
     s = harness.Session("t", Policy(warmup=1, repeat=2, min_time=0.0, budget=60.0))
     r = peers.asdex(s, "B1 N=4", "brusselator", 4)
     assert r.error is None, r.error
-    labels = {"eager", "jit", "eager, Eigen 1 thread", "jit, Eigen 1 thread"}
+    labels = {"eager", "jit", "eager, eigen=false", "jit, eigen=false"}
     assert set(r.call.timings) == labels and set(r.oneoff.timings) == labels and r.call.best in labels
     assert all(t.warmup == 1 and len(t.samples) == 2 for t in r.call.timings.values())
     assert {m["impl"] for m in s.measurements} == {"asdex call", "asdex one-off"}
     assert r.again is None and r.close is None
 
-    # limited to one CPU (a 1-thread benchmark), noted in the result
-    if len(os.sched_getaffinity(0)) > 1:
-        one = peers.asdex(s, "B1 N=4", "brusselator", 4, cores=1)
-        assert one.error is None and any(n.startswith("run on 1 of") for n in one.notes), one.notes  # as reported
-    assert not peers.asdex(s, "B1 N=4", "brusselator", 4, cores=len(os.sched_getaffinity(0))).notes
+    # limited to one CPU (a 1-thread benchmark), as the runners report it; an ASD_PEER_CPUS of the
+    # caller's environment does not limit an unlimited run
+    first = harness.peer_cpus(1)
+    if first is not None:
+        one = peers.asdex(s, "B1 N=4", "brusselator", 4, cpus=first)
+        assert one.error is None and one.notes[0].startswith("ran on 1 of"), one.notes
+        os.environ["ASD_PEER_CPUS"] = str(first[0])
+        try:
+            free = peers.asdex(s, "B1 N=4", "brusselator", 4)
+        finally:
+            del os.environ["ASD_PEER_CPUS"]
+        assert free.notes[0].startswith(f"ran on {len(os.sched_getaffinity(0))} of"), free.notes
 
     # kept running for the interleaved rounds: each again() is a new block of the best call
     r = peers.asdex(s, "B1 N=4", "brusselator", 4, serve=True)
     assert r.error is None, r.error
     try:
-        blocks = [r.again("jit, Eigen 1 thread", s.policy),
+        blocks = [r.again("jit, eigen=false", s.policy),
                   r.again("eager", Policy(warmup=3, repeat=1, min_time=0.0, budget=60.0))]
         assert [(t.warmup, len(t.samples)) for t in blocks] == [(1, 2), (3, 1)]
         assert blocks[1].median > 10 * blocks[0].median  # the eager variant, in the other process

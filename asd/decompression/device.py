@@ -26,18 +26,19 @@ from .._fork import fork_safe
 from ..errors import DecompressionError
 from .plans import DirectPlan, SubstitutionPlan
 
+__all__ = ["Decompressor", "substitute", "prepared", "clear_prepared"]
+
+
+def _has_tangent(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a forward-mode dual tensor with a tangent at the current level."""
+    return torch.autograd.forward_ad._current_level >= 0 and torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+
 
 def _carries_derivatives(t: torch.Tensor) -> bool:
     """Whether ``t`` is a ``torch.func`` transform's wrapped tensor or a forward-mode dual tensor:
     its values are solved by torch's differentiable substitution, not by the Numba walk (which
     would drop the tangent, the batch, the gradient)."""
-    if torch._C._functorch.is_functorch_wrapped_tensor(t):
-        return True
-    if torch.autograd.forward_ad._current_level < 0:
-        return False
-    return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
-
-__all__ = ["Decompressor", "substitute", "prepared", "clear_prepared"]
+    return torch._C._functorch.is_functorch_wrapped_tensor(t) or _has_tangent(t)
 
 
 def _t(a, device) -> torch.Tensor:
@@ -221,7 +222,7 @@ class Decompressor:
 
     def csr(self, values: torch.Tensor) -> torch.Tensor:
         """A ``torch.sparse_csr`` tensor with this pattern and ``values``."""
-        if torch.autograd.forward_ad._current_level >= 0 and torch.autograd.forward_ad.unpack_dual(values).tangent is not None:
+        if _has_tangent(values):
             from ..errors import InputError
 
             raise InputError("a torch.sparse_csr tensor cannot carry forward-mode tangents (PyTorch has no forward AD for "

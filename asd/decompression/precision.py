@@ -82,7 +82,6 @@ def primal_rows(values: torch.Tensor, nnz: int) -> torch.Tensor:
             return torch.cat([p.reshape(1, nnz) for p in parts])
         if len(bdims) == 1 and all(p.dim() == 2 and p.shape[1 - bdims[0]] == nnz for p in parts):
             return torch.cat([p.movedim(bdims[0], 0) for p in parts])
-    t = parts[0]
     raise InputError("the rounding of substitution (coloring='acyclic') cannot be bounded for values computed "
                      "inside this torch.func transform (jacrev, grad, jacfwd or nested vmap keep the values where "
                      "they cannot be read): prepare the Hessian with coloring='star', whose entries are read directly")

@@ -131,6 +131,28 @@ def test_compiled_hessians_equal_dense_ad(coloring, monkeypatch):
         assert "gather after the kernels" in notes and compiled.gather is not None, notes
 
 
+def test_kernels_for_two_threads_keep_the_gather(monkeypatch):
+    """Kernels generated for two threads gather the stored entries themselves (a gather after them
+    would run on one thread, reading what the other thread wrote): the same Hessian."""
+    x = torch.rand(30, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op = asd.prepare_hessian(rosenbrock, x, coloring="star", compile=True)
+            for z in (x, x * 1.5 - 0.3):
+                torch.testing.assert_close(op(z).to_dense(), torch.func.hessian(rosenbrock)(z), rtol=1e-10, atol=1e-10)
+        compiled = _tracing(op).compiled
+        assert compiled is not None
+        _lean_path_gives_the_full_paths_bits(op, x * 0.5, monkeypatch)
+    finally:
+        torch.set_num_threads(threads)
+    notes = " ".join(compiled.notes)
+    assert "gather in the kernels (2 threads)" in notes and "gather after" not in notes, notes
+    assert compiled.gather is None
+
+
 def test_the_brusselator_gather_is_pushed_into_the_products():
     f, x = brusselator(8), brusselator_input(8)
     op = asd.prepare_jacobian(f, x, mode="forward", compile=True)

@@ -451,6 +451,44 @@ def test_a_point_inside_a_larger_storage_is_copied_on_the_lean_path(monkeypatch)
         assert seen[-1].data_ptr() == own.data_ptr()  # a tensor of its own storage is read where it is
 
 
+def test_with_grad_enabled_the_point_is_read_in_place_unless_a_parameter_records_a_gradient(monkeypatch):
+    """With grad enabled (the default) and nothing the replay reads requiring grad, the lean path
+    reads the caller's tensor where it is. Where a parameter of ``f`` requires grad the replay's
+    autograd graph may keep what it read: it runs again on a copy (and on copies from then on), so
+    a later in-place change of the caller's point leaves the values' gradient computable."""
+    p = torch.linspace(0.5, 1.5, N - 1, dtype=torch.float64).requires_grad_()
+
+    def f(z):
+        return torch.sin(z[1:]) * p * z[:-1]
+
+    x = torch.rand(N, dtype=torch.float64)
+    seen = []
+    real = Tracing._replay
+    monkeypatch.setattr(Tracing, "_replay", lambda self, key, graph, xf, seeds: seen.append(xf) or real(
+        self, key, graph, xf, seeds))
+    for with_grad in (False, True):
+        p.requires_grad_(with_grad)
+        op = asd.prepare_jacobian(f, x)
+        _settle(op, x)
+        z = torch.rand(N, dtype=torch.float64)
+        seen.clear()
+        J = op(z)
+        want = torch.func.jacrev(f)(z.clone())
+        torch.testing.assert_close(J.to_dense().detach(), want.detach(), rtol=1e-12, atol=1e-12)
+        assert seen and J.values().requires_grad == with_grad
+        if not with_grad:
+            assert [s.data_ptr() for s in seen] == [z.data_ptr()]  # read where it is, once
+            continue
+        assert seen[-1].data_ptr() != z.data_ptr()  # the replay that answered read a copy
+        z.add_(1.0)  # the caller moves its point in place: the values' graph kept none of it
+        (grad,) = torch.autograd.grad(J.values().sum(), p)
+        torch.testing.assert_close(grad, torch.func.jacrev(lambda q: torch.func.jacrev(
+            lambda y: torch.sin(y[1:]) * q * y[:-1])(z - 1.0).sum())(p.detach()), rtol=1e-12, atol=1e-12)
+        seen.clear()
+        op(z)
+        assert len(seen) == 1 and seen[0].data_ptr() != z.data_ptr()  # copied from the start now
+
+
 def test_a_running_statistic_kept_in_the_input_is_not_written_into_the_callers_point():
     """Review: ``native_batch_norm`` updates its running mean in place without saying so in its
     schema; with the running mean a slice of the input (momentum 1: the update repeats itself, so

@@ -426,6 +426,9 @@ class Tracing:
         self.draws = True
         #: per key, whether the recorded graph reads its input only (:func:`_input_free`)
         self.input_free: dict = {}
+        #: keys whose eager replay recorded a gradient at a lean call (a parameter of f requires
+        #: grad): the autograd graph may keep its input, so :meth:`steady` replays a copy
+        self.records_grad: set = set()
         #: :meth:`steady`'s replay raised: the next :meth:`run` (the same call's full path, or another
         #: thread's call that took the lock in between) answers ``None``
         self._replay_failed = False
@@ -617,7 +620,8 @@ class Tracing:
 
         ``x`` is the caller's flat point (a view of its tensor): it is copied first unless the graph
         reads it only (:func:`_input_free`) and the replay records no gradient that would keep it
-        (compiled kernels, or grad disabled); a result that aliases it is copied."""
+        (compiled kernels, grad disabled, or no tensor the replay reads requires grad: a replay that
+        turns out to record one runs again on a copy); a result that aliases it is copied."""
         if self.disabled or self.draws or _outside_graphs(x) or under_transform(x):
             return None
         key = self._key(seeds)
@@ -636,12 +640,19 @@ class Tracing:
         self.calls += 1
         # shared only where the graph sees what a private copy would show it: a contiguous tensor of
         # its own storage (recorded views, as_strided among them, address the storage from its start)
-        shared = (self.input_free.get(key, False) and (self.compile or not torch.is_grad_enabled())
+        grads = not self.compile and torch.is_grad_enabled()
+        shared = (self.input_free.get(key, False) and not (grads and key in self.records_grad)
                   and x.storage_offset() == 0 and x.is_contiguous()
                   and x.untyped_storage().nbytes() == x.numel() * x.element_size())
         xf = x if shared else x.clone()
         version = xf._version
         out = self._replay(key, graph, xf, seeds)
+        if shared and grads and out is not None and out.requires_grad:
+            # a parameter of f requires grad: its autograd graph may keep the caller's tensor
+            self.records_grad.add(key)
+            shared, xf = False, x.clone()
+            version = xf._version
+            out = self._replay(key, graph, xf, seeds)
         # the full path takes this call over: its run() answers as it would after its own failed
         # replay. (A replay whose failure disabled the recording leaves no flag: run() answers None
         # anyway, and the full path may evaluate that call by a warm-up strategy, which evaluates

@@ -139,6 +139,34 @@ class PeerResult:
         return out
 
 
+def reference(rounds: int = 100) -> dict:
+    """Seconds (medians of ``rounds``, about 0.1 s in all) of a fixed workload, the same in every
+    run, so that two runs' records say how fast this shared machine was in each: ``dispatch``, 400
+    additions of two 64-element tensors (Python and PyTorch's dispatcher, where a one-off spends
+    most of its time), and ``memory``, one copy of 8 MB (memory bandwidth). This machine's speed
+    moves about 2x within a second at times: it is the moment's speed, not the run's."""
+    import torch
+
+    a, b = torch.ones(64, dtype=torch.float64), torch.ones(64, dtype=torch.float64)
+    src, dst = torch.ones(1 << 20, dtype=torch.float64), torch.empty(1 << 20, dtype=torch.float64)
+
+    def dispatch():
+        for _ in range(400):
+            torch.add(a, b)
+
+    def timed(fn) -> float:
+        for _ in range(3):
+            fn()
+        samples = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        return sorted(samples)[rounds // 2]
+
+    return dict(dispatch=timed(dispatch), memory=timed(lambda: dst.copy_(src)))
+
+
 class Session:
     """Times callables under one policy and keeps every measurement and every ratio for the record."""
 
@@ -148,6 +176,8 @@ class Session:
         self.cpus = cpus
         self.measurements: list[dict] = []
         self.comparisons: list[dict] = []
+        #: the machine's speed when the session started (:func:`reference`; the record adds the end's)
+        self.reference = reference()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Session:
@@ -223,7 +253,8 @@ class Session:
         the other side's block (the asdex runner's XLA threads, both sides' caches) is back in its
         steady state when the samples start. Every variant of a peer is timed again, so the best
         one is chosen from the rounds too. ``calls`` maps keys of ``asd`` (``"prepared"``,
-        ``"compiled"``) to the callables timed there; only peers that can time their calls again
+        ``"compiled"``, and figures with absolute targets such as ``"oneoff"``, which one block at
+        one moment would decide alone) to the callables timed there; only peers that can time their calls again
         (:attr:`PeerResult.again`) take part, and one whose process ends keeps the rounds it
         completed (:attr:`PeerResult.rounds` says how many). Every block is recorded (variant
         ``round k``); the first measurements stay in the record but not in the medians. Returns
@@ -287,7 +318,7 @@ class Session:
 
     def to_json(self) -> dict:
         return dict(policy=self.policy.to_json(), quick=self.quick, measurements=self.measurements,
-                    comparisons=self.comparisons)
+                    comparisons=self.comparisons, reference=dict(start=self.reference, end=reference()))
 
 
 #: rounds of :meth:`Session.interleave` in a full run (even: each side goes first as often)

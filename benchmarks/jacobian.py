@@ -155,6 +155,10 @@ def measure(s: Session, name: str, f, x, *, dense: bool, compile: bool, peer_res
     calls = {"prepared": lambda: op(x)}
     if compile:
         calls["compiled"] = lambda: opc(x)
+    # the one-off and detection too: their targets are absolute times, which one block taken at one
+    # moment of this machine's speed would decide alone
+    calls["oneoff"] = lambda: asd.sparse_jacobian(f, x, cache=False)
+    calls["detection_warm"] = lambda: asd.jacobian_sparsity(f, x)
     t, peer_results = s.interleave(name, calls, t, peer_results)
     d = {}
     if dense and n <= DENSE_LIMIT:

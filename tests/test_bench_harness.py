@@ -246,6 +246,10 @@ def test_every_benchmark_quick(tmp_path, subset):
         record = json.loads((tmp_path / f"{name}.json").read_text())
         h = record["harness"]
         assert h["quick"] is True and h["policy"]["warmup"] >= 1
+        # the machine's speed at the start and the end of the run (harness.reference)
+        assert {when: set(h["reference"][when]) for when in ("start", "end")} == {
+            "start": {"dispatch", "memory"}, "end": {"dispatch", "memory"}}, name
+        assert all(v > 0 for when in ("start", "end") for v in h["reference"][when].values())
         assert _timings(record), name
         for m in _timings(record):
             assert {"case", "impl", "variant", "median", "min", "iqr", "samples", "warmup"} <= set(m)

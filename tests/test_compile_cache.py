@@ -888,3 +888,16 @@ def test_a_watched_matrix_transposed_in_place_is_compiled_anew():
         torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
         W.t_()
         torch.testing.assert_close(op(x).to_dense(), torch.func.jacrev(f)(x))
+
+
+def test_the_kernels_thread_count_is_inductors():
+    """Review: the gather's placement and the cache key follow the thread count Inductor generates
+    kernels for, its ``cpp.threads`` where a user set it, PyTorch's otherwise."""
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.cpp.threads
+    with inductor_config.patch({"cpp.threads": -1}):
+        assert compile_cache.kernel_threads() == torch.get_num_threads()
+    with inductor_config.patch({"cpp.threads": torch.get_num_threads() + 1}):
+        assert compile_cache.kernel_threads() == torch.get_num_threads() + 1
+    assert inductor_config.cpp.threads == before

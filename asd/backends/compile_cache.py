@@ -205,8 +205,17 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
             h.update(f"{torch.cuda.get_device_name(dev)}|{torch.cuda.get_device_capability(dev)}|"
                      f"{torch.version.cuda}".encode())
     # Inductor's CPU kernels are generated for the number of threads set when they are compiled
-    h.update(f"threads={torch.get_num_threads()}|{torch.get_default_dtype()}".encode())
+    h.update(f"threads={kernel_threads()}|{torch.get_default_dtype()}".encode())
     return h.hexdigest()[:40]
+
+
+def kernel_threads() -> int:
+    """The number of threads Inductor generates CPU kernels for: its ``cpp.threads`` where set,
+    else PyTorch's."""
+    import torch._inductor.config as inductor_config
+
+    threads = inductor_config.cpp.threads
+    return threads if threads > 0 else torch.get_num_threads()
 
 
 def _close(a, b) -> bool:
@@ -601,7 +610,7 @@ def _for_cpu(spec, args, expected):
         # on one thread the gather after the kernels (Numba) is the faster; on more, the kernels'
         # own gather is (it runs on every thread, and reads what each thread wrote, not what the
         # other one did: 170 against 250 us for B3 n=10^5 at 2 threads, and 850 us at times)
-        threads = torch.get_num_threads()
+        threads = kernel_threads()
         split = split_final_gather(gm, args, constants)
         inside = split is not None and threads > 1
         products, index = split if split is not None and not inside else (gm, None)

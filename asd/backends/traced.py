@@ -650,6 +650,7 @@ class Tracing:
         if shared and grads and out is not None and out.requires_grad:
             # a parameter of f requires grad: its autograd graph may keep the caller's tensor
             self.records_grad.add(key)
+            out = None  # (its autograd graph is freed before the second replay builds one)
             shared, xf = False, x.clone()
             version = xf._version
             out = self._replay(key, graph, xf, seeds)

@@ -254,8 +254,8 @@ class Session:
         steady state when the samples start. Every variant of a peer is timed again, so the best
         one is chosen from the rounds too. ``calls`` maps keys of ``asd`` (``"prepared"``,
         ``"compiled"``, and figures with absolute targets such as ``"oneoff"``, which one block at
-        one moment would decide alone) to the callables timed there; only peers that can time their calls again
-        (:attr:`PeerResult.again`) take part, and one whose process ends keeps the rounds it
+        one moment would decide alone) to the callables timed there; only peers that can time
+        their calls again (:attr:`PeerResult.again`) take part, and one whose process ends keeps the rounds it
         completed (:attr:`PeerResult.rounds` says how many). Every block is recorded (variant
         ``round k``); the first measurements stay in the record but not in the medians. Returns
         ``(asd, peers)`` with the pooled timings in place of the first ones."""

@@ -608,8 +608,9 @@ def _for_cpu(spec, args, expected):
             with torch.no_grad():
                 with_meta(gm, args)  # the new nodes' values, which the gather's rewrite reads
         # on one thread the gather after the kernels (Numba) is the faster; on more, the kernels'
-        # own gather is (it runs on every thread, and reads what each thread wrote, not what the
-        # other one did: 170 against 250 us for B3 n=10^5 at 2 threads, and 850 us at times)
+        # own gather is: it runs on every thread, where the Numba loop runs on one and reads what
+        # the other threads have just written (B3 n=10^5 at 2 threads: 170 against 250 us, and
+        # 850 us in this machine's slow stretches)
         threads = kernel_threads()
         split = split_final_gather(gm, args, constants)
         inside = split is not None and threads > 1

@@ -154,17 +154,8 @@ def reference(rounds: int = 100) -> dict:
         for _ in range(400):
             torch.add(a, b)
 
-    def timed(fn) -> float:
-        for _ in range(3):
-            fn()
-        samples = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        return sorted(samples)[rounds // 2]
-
-    return dict(dispatch=timed(dispatch), memory=timed(lambda: dst.copy_(src)))
+    policy = Policy(warmup=3, repeat=rounds, min_time=0.0)
+    return dict(dispatch=measure(dispatch, policy).median, memory=measure(lambda: dst.copy_(src), policy).median)
 
 
 class Session:

@@ -459,7 +459,7 @@ def test_with_grad_enabled_the_point_is_read_in_place_unless_a_parameter_records
     p = torch.linspace(0.5, 1.5, N - 1, dtype=torch.float64).requires_grad_()
 
     def f(z):
-        return torch.sin(z[1:]) * p * z[:-1]
+        return torch.sin(z[1:]) * p * z[:-1] * SCALE
 
     x = torch.rand(N, dtype=torch.float64)
     seen = []
@@ -487,6 +487,16 @@ def test_with_grad_enabled_the_point_is_read_in_place_unless_a_parameter_records
         seen.clear()
         op(z)
         assert len(seen) == 1 and seen[0].data_ptr() != z.data_ptr()  # copied from the start now
+    # what f reads changes (a new graph is recorded under the same key) and p no longer requires
+    # grad: the new graph's replays read the point in place again
+    global SCALE
+    p.requires_grad_(False)
+    SCALE = 2.0  # (restored by _restore)
+    _settle(op, x)
+    seen.clear()
+    J = op(z)
+    assert [s.data_ptr() for s in seen] == [z.data_ptr()]
+    torch.testing.assert_close(J.to_dense(), torch.func.jacrev(f)(z.clone()), rtol=1e-12, atol=1e-12)
 
 
 def test_a_running_statistic_kept_in_the_input_is_not_written_into_the_callers_point():

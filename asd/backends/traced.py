@@ -427,7 +427,8 @@ class Tracing:
         #: per key, whether the recorded graph reads its input only (:func:`_input_free`)
         self.input_free: dict = {}
         #: keys whose eager replay recorded a gradient at a lean call (a parameter of f requires
-        #: grad): the autograd graph may keep its input, so :meth:`steady` replays a copy
+        #: grad): the autograd graph may keep its input, so :meth:`steady` replays a copy (until a
+        #: new graph is recorded under the key)
         self.records_grad: set = set()
         #: :meth:`steady`'s replay raised: the next :meth:`run` (the same call's full path, or another
         #: thread's call that took the lock in between) answers ``None``
@@ -522,6 +523,7 @@ class Tracing:
                         raise GraphWritesInput(self.error)
                     return None
                 self.input_free[key] = _input_free(graph)  # (asd's graph passes write fresh buffers only)
+                self.records_grad.discard(key)  # a new graph: whether its replay records one is seen anew
                 # the compiled products are never compared bit for bit again: the recording is, here
                 if self.compile and _agrees(graph, fn, x, seeds, rng if self.draws else None) is None:
                     return self._disagreed(x, rng if self.draws else None)

@@ -451,11 +451,18 @@ def test_a_point_inside_a_larger_storage_is_copied_on_the_lean_path(monkeypatch)
         assert seen[-1].data_ptr() == own.data_ptr()  # a tensor of its own storage is read where it is
 
 
-def test_with_grad_enabled_the_point_is_read_in_place_unless_a_parameter_records_a_gradient(monkeypatch):
+@pytest.mark.parametrize("held", [True, False], ids=["held", "unseen"])
+def test_with_grad_enabled_the_point_is_read_in_place_unless_a_parameter_records_a_gradient(monkeypatch, held):
     """With grad enabled (the default) and nothing the replay reads requiring grad, the lean path
     reads the caller's tensor where it is. Where a parameter of ``f`` requires grad the replay's
-    autograd graph may keep what it read: it runs again on a copy (and on copies from then on), so
-    a later in-place change of the caller's point leaves the values' gradient computable."""
+    autograd graph may keep what it read: it reads a copy, so a later in-place change of the
+    caller's point leaves the values' gradient computable. The graph holds the parameter, so the
+    copy is made up front; were the parameter unseen there (``unseen``), the replay that recorded
+    a gradient runs again on a copy, and on copies from then on."""
+    from asd.backends.replay import Replay
+
+    if not held:
+        monkeypatch.setattr(Replay, "records_grad", lambda self: False)
     p = torch.linspace(0.5, 1.5, N - 1, dtype=torch.float64).requires_grad_()
 
     def f(z):
@@ -497,6 +504,34 @@ def test_with_grad_enabled_the_point_is_read_in_place_unless_a_parameter_records
     J = op(z)
     assert [s.data_ptr() for s in seen] == [z.data_ptr()]
     torch.testing.assert_close(J.to_dense(), torch.func.jacrev(f)(z.clone()), rtol=1e-12, atol=1e-12)
+
+
+def test_a_replay_that_records_a_gradient_runs_once_on_a_copy(monkeypatch):
+    """Review (note 42): where a parameter of ``f`` requires grad, the lean path read the caller's
+    point in place, found that the replay had recorded a gradient and replayed again on a copy, so
+    that a torch-function mode or saved-tensor hook saw a discarded replay once per graph. What the
+    replay reads is known before it runs: it copies up front, and every call replays once."""
+    p = torch.linspace(0.5, 1.5, N - 1, dtype=torch.float64).requires_grad_()
+
+    def f(z):
+        return torch.sin(z[1:]) * p * z[:-1]
+
+    x = torch.rand(N, dtype=torch.float64)
+    seen = []
+    real = Tracing._replay
+    monkeypatch.setattr(Tracing, "_replay", lambda self, key, graph, xf, seeds: seen.append(xf) or real(
+        self, key, graph, xf, seeds))
+    op = asd.prepare_jacobian(f, x)
+    counts = []
+    for _ in range(CALLS_BEFORE_TRACING + 6):
+        z = torch.rand(N, dtype=torch.float64)
+        seen.clear()
+        J = op(z)
+        counts.append(len(seen))
+        assert all(s.data_ptr() != z.data_ptr() for s in seen)
+        assert J.values().requires_grad
+        torch.testing.assert_close(J.to_dense().detach(), torch.func.jacrev(f)(z).detach(), rtol=1e-12, atol=1e-12)
+    assert op._steady is not None and max(counts) == 1, counts
 
 
 def test_a_running_statistic_kept_in_the_input_is_not_written_into_the_callers_point():

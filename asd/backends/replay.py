@@ -52,6 +52,13 @@ class Replay:
     chosen: str = "recorded"
     timings: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    #: the tensors the recorded graph holds (``f``'s parameters and captured tensors among them):
+    #: with grad enabled, a replay records a gradient where one of them requires grad
+    reads: tuple = ()
+
+    def records_grad(self) -> bool:
+        """Whether a replay with grad enabled would record a gradient through what the graph holds."""
+        return any(t.requires_grad for t in self.reads)
 
     def __call__(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
         # a torch-function mode or subclass sees the recorded ATen calls, not the fast variant's torch.* ones
@@ -240,8 +247,9 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
                 notes.append(f"{'pushed' if spec.pushed else 'folded'}: not the recorded graph's bits")
     plain = reuse_buffers(gm)
     plain.variant = "recorded"
+    reads = held_tensors(gm)
     if not variants:
-        return Replay(plain, plain, notes=notes)
+        return Replay(plain, plain, notes=notes, reads=reads)
     variants = {"recorded": plain, **variants}
     timings = {name: float("inf") for name in variants}
     with torch.no_grad():
@@ -251,4 +259,18 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
             for name, run in variants.items():
                 timings[name] = min(timings[name], _seconds(run, x, seeds))
     chosen = min(timings, key=timings.get)
-    return Replay(plain, variants[chosen], chosen=chosen, timings=timings, notes=notes)
+    return Replay(plain, variants[chosen], chosen=chosen, timings=timings, notes=notes, reads=reads)
+
+
+def held_tensors(gm: torch.fx.GraphModule) -> tuple:
+    """The tensors a graph reads through its attributes (``get_attr`` nodes)."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        value = gm
+        for name in node.target.split("."):
+            value = getattr(value, name)
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+    return tuple(out)

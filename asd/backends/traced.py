@@ -206,6 +206,13 @@ def _records_grad(compiled) -> bool:
     return any(t.requires_grad for t in watched)
 
 
+def _replay_records_grad(graph) -> bool:
+    """Whether an eager replay with grad enabled records a gradient through a tensor the graph
+    holds (a parameter of ``f`` that requires grad); ``False`` where the graph does not say."""
+    records = getattr(graph, "records_grad", None)
+    return records is not None and records()
+
+
 def _draws(graph) -> bool:
     """Whether a recorded graph draws random numbers (an op tagged ``nondeterministic_seeded``;
     anything but a graph module is taken to draw)."""
@@ -622,8 +629,8 @@ class Tracing:
 
         ``x`` is the caller's flat point (a view of its tensor): it is copied first unless the graph
         reads it only (:func:`_input_free`) and the replay records no gradient that would keep it
-        (compiled kernels, grad disabled, or no tensor the replay reads requires grad: a replay that
-        turns out to record one runs again on a copy); a result that aliases it is copied."""
+        (compiled kernels, grad disabled, or no tensor the graph holds requires grad; a replay that
+        records one all the same runs again on a copy); a result that aliases it is copied."""
         if self.disabled or self.draws or _outside_graphs(x) or under_transform(x):
             return None
         key = self._key(seeds)
@@ -643,14 +650,15 @@ class Tracing:
         # shared only where the graph sees what a private copy would show it: a contiguous tensor of
         # its own storage (recorded views, as_strided among them, address the storage from its start)
         grads = not self.compile and torch.is_grad_enabled()
-        shared = (self.input_free.get(key, False) and not (grads and key in self.records_grad)
-                  and x.storage_offset() == 0 and x.is_contiguous()
-                  and x.untyped_storage().nbytes() == x.numel() * x.element_size())
+        shared = (self.input_free.get(key, False) and x.storage_offset() == 0 and x.is_contiguous()
+                  and x.untyped_storage().nbytes() == x.numel() * x.element_size()
+                  and not (grads and (key in self.records_grad or _replay_records_grad(graph))))
         xf = x if shared else x.clone()
         version = xf._version
         out = self._replay(key, graph, xf, seeds)
         if shared and grads and out is not None and out.requires_grad:
-            # a parameter of f requires grad: its autograd graph may keep the caller's tensor
+            # a tensor read that the graph does not hold requires grad (not expected: the graph holds
+            # every tensor of f's it reads): its autograd graph may keep the caller's tensor
             self.records_grad.add(key)
             out = None  # (its autograd graph is freed before the second replay builds one)
             shared, xf = False, x.clone()

@@ -925,6 +925,13 @@ REGRESSIONS: tuple[tuple[str, Example], ...] = (
     ("probe_of_a_cancelling_function", Example(("cross", "cross"), 6, Jacobian("reverse", "natural", None, False, True), 1)),
     ("probe_of_a_cancelling_hessian", Example(("cross", "cross"), 6, Hessian("sumsq", "acyclic", "reverse_over_forward",
                                                                            "natural", None, False, True), 212)),
+    # Hessians that vanish identically (a sum of normalized values): both products are rounding of
+    # terms far larger than them; one mode's may be exactly zero (found by the fuzzer, note 43)
+    ("probe_of_a_vanishing_hessian", Example(("erf", "group_norm"), 8, Hessian("sum", "acyclic", "forward_over_reverse",
+                                                                             "natural", None, False, True), 300044)),
+    ("probe_of_a_vanishing_hessian_exact_zero", Example(("einsum_outer_trace", "instance_norm"), 12,
+                                                        Hessian("sum", "acyclic", "reverse_over_forward", "natural",
+                                                                None, True, None), 3096)),
     # reverse-over-forward of cumprod is NaN at a zero: asked for explicitly, it is replaced
     ("cumprod_reverse_over_forward", Example(("sparse_matvec", "relu", "cumprod_flip"), 12,
                                              Hessian("sum", None, "reverse_over_forward", "natural", None, False, False),

@@ -165,3 +165,30 @@ def test_a_captured_array_changed_before_the_first_call_does_not_merge_columns()
     W[0, 3] = 7.0
     np.testing.assert_allclose(np.asarray(op(x).todense()), want_J)
     np.testing.assert_allclose(np.asarray(H(x).todense()), want_H)
+
+
+def test_rounding_of_a_vanishing_hessian_is_no_error_and_hides_no_missing_entry():
+    """A Hessian that vanishes identically (the sum of group-normalized values) is rounding: the
+    probe refused it at every one of these points. It now judges it at the rounding its product
+    shows (the linearity defect), and an entry of 1e-11 a given pattern misses is still refused."""
+    from asd.errors import CheckError
+
+    def flat(x):
+        g = jax.scipy.special.erf(x).reshape(2, -1)
+        m = g.mean(axis=1, keepdims=True)
+        return ((g - m) / jnp.sqrt(((g - m) ** 2).mean(axis=1, keepdims=True) + 1e-5)).sum()
+
+    def coupled(x):
+        return flat(x) + 1e-11 * x[0] * x[5]
+
+    for seed in range(6):
+        x = jnp.asarray(np.random.default_rng(seed).uniform(-2, 2, 8))
+        H = aj.prepare_hessian(flat, x, check=True)(x)
+        assert float(jnp.abs(H.todense()).max()) < 1e-12
+    H = aj.prepare_hessian(coupled, x, check=True)(x).todense()
+    assert abs(float(H[0, 5]) - 1e-11) < 1e-13
+    missing = aj.hessian_sparsity(coupled, x).toarray().astype(bool)
+    assert missing[0, 5] and missing[5, 0]
+    missing[0, 5] = missing[5, 0] = False
+    with pytest.raises(CheckError):
+        aj.prepare_hessian(coupled, x, check=True, pattern=missing)(x)

@@ -15,10 +15,11 @@ What the cache observes, and so what it trusts:
 
 Traced graphs use the ``values=True`` summary (:func:`value_fingerprint`, :class:`ValueGuard`),
 which adds float scalars by type and bits, tensors by identity and the default dtype (a recording
-refuses ``f`` reading a tensor as Python numbers: ``.item()``, ``.tolist()``, ``.numpy()``).
-Whatever it cannot see makes it *incomplete*, and traced
+refuses ``f`` reading a tensor as Python numbers or bools: ``.item()``, ``torch.equal``,
+``.tolist()``, ``.numpy()``). Whatever it cannot see makes it *incomplete*, and traced
 graphs are then not used: the user's own classes and their instances (their attributes and their
-methods' code and globals), built-ins bound to objects (``cfg.get``, ``random.random``), modules
+methods' code and globals; a subclass of ``float``, ``int`` or ``str`` that adds methods or
+attributes among them, an enum member aside), built-ins bound to objects (``cfg.get``, ``random.random``), modules
 with hidden state (``random``, ``time``, ``numpy.random``), imports inside ``f`` of modules that are
 not pure, ``globals()``/``eval``, objects with ``__slots__``, Python attributes on tensors,
 containers past 256 items. (A built-in name ``f`` reads from ``builtins`` is not watched.)
@@ -30,6 +31,7 @@ and in-flight aware: threads asking for the same key while it is being prepared 
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import operator
@@ -191,12 +193,16 @@ class _Fingerprint:
 
     def _general(self, obj, depth: int):
         if isinstance(obj, (float, complex)):
+            if type(obj) not in (float, complex) and not _inert_subclass(obj):
+                self.klass(type(obj))  # a subclass of the user's own: its arithmetic may read what its value does not say
             return _number(obj) if self.values else type(obj).__name__
         if isinstance(obj, bool):
             return ("bool", bool(obj))
         if obj is None or type(obj) in (int, str, bytes):
             return obj
         if isinstance(obj, (int, str, bytes)):  # a subclass (an IntEnum): its type too
+            if not isinstance(obj, enum.Enum) and not _inert_subclass(obj):
+                self.klass(type(obj))  # (an enum member is a constant of its class)
             return (type(obj).__qualname__, obj)
         if isinstance(obj, (torch.dtype, torch.device, torch.layout, torch.memory_format, np.dtype)):
             return (type(obj).__name__, str(obj))
@@ -250,6 +256,25 @@ class _Fingerprint:
         if not isinstance(obj, types.BuiltinFunctionType):
             self.complete = False
         return ("opaque", type(obj).__qualname__, id(obj))
+
+
+#: what every class body defines: a subclass with nothing more adds no behaviour to its base
+_CLASS_BOOKKEEPING = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__slots__",
+                                "__firstlineno__", "__static_attributes__", "__annotations__", "__orig_bases__"})
+
+
+def _inert_subclass(obj) -> bool:
+    """Whether ``obj``'s class adds no method, property or class attribute to the built-in scalar
+    type it derives from, and ``obj`` holds no attribute of its own (``class Name(str): pass``):
+    then its value says all it computes."""
+    if getattr(obj, "__dict__", None):
+        return False
+    for cls in type(obj).__mro__:
+        if cls in (float, complex, int, str, bytes, object):
+            return True
+        if not _CLASS_BOOKKEEPING.issuperset(vars(cls)):
+            return False
+    return True
 
 
 def _number(v) -> tuple:

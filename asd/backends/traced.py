@@ -39,7 +39,7 @@ class _NoPythonNumbers(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        #: ``(weak reference, version)`` of every tensor such a shape followed
+        #: ``(weak reference, version, copy)`` of every tensor such a shape followed
         self.shape_sources: list = []
         #: ``id(t) -> (weak reference to t, sources)`` for each tensor ``t`` the recording computed: the
         #: tensors it did not compute that ``t`` was computed from (by identity: a tensor's == is elementwise)
@@ -53,9 +53,9 @@ class _NoPythonNumbers(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.ops.aten._local_scalar_dense.default:
-            raise RuntimeError("f reads a tensor's value as a Python number (.item(), float()): a recorded graph "
-                               "would keep that number")
+        if _returns_a_value(func):
+            raise RuntimeError(f"f reads tensor values as a Python number or bool ({func}: .item(), float(), "
+                               "torch.equal, torch.allclose, ...): a recorded graph would keep that value")
         sources: dict = {}
         for t in (*args, *kwargs.values()):
             for u in (t if isinstance(t, (list, tuple)) else (t,)):
@@ -66,12 +66,38 @@ class _NoPythonNumbers(TorchDispatchMode):
                     else:
                         sources.update(entry[1])
         if func in _DATA_SHAPED and _data_shaped(func, args, kwargs):
-            self.shape_sources.extend(sources.values())
+            # their contents too: a write through .data moves no version counter
+            self.shape_sources.extend((ref, version, _snapshot(ref())) for ref, version in sources.values())
         out = func(*args, **kwargs)
         for o in (out if isinstance(out, (list, tuple)) else (out,)):
             if isinstance(o, torch.Tensor) and not any(o is u for u in (*args, *kwargs.values())):
                 self._sources[id(o)] = (weakref.ref(o), sources)
         return out
+
+
+#: ops that answer a bool from a tensor's layout, never its values
+_LAYOUT_ANSWERS = frozenset({"is_same_size", "is_coalesced", "is_pinned", "is_contiguous", "is_non_overlapping_and_dense",
+                             "is_strides_like_format", "is_complex", "is_floating_point", "is_signed", "is_set_to",
+                             "is_conj", "is_neg", "is_inference", "_is_zerotensor", "_has_same_storage_numel",
+                             "_has_compatible_shallow_copy_type", "is_leaf", "is_vulkan_available"})
+_RETURNS_A_VALUE: dict = {}
+
+
+def _returns_a_value(func) -> bool:
+    """Whether an op hands back a Python bool or number computed from its tensors' values
+    (``_local_scalar_dense``, ``equal``, ``allclose``, ``is_nonzero``): a recorded graph would keep it."""
+    known = _RETURNS_A_VALUE.get(func)
+    if known is None:
+        try:
+            returns = [str(r.type) for r in func._schema.returns]
+            takes_tensor = any("Tensor" in str(a.type) for a in func._schema.arguments)
+            name = func._schema.name.split("::")[-1]
+        except AttributeError:
+            returns, takes_tensor, name = [], False, ""
+        known = _RETURNS_A_VALUE[func] = (
+            takes_tensor and name not in _LAYOUT_ANSWERS
+            and any(k in t for t in returns for k in ("bool", "float", "complex", "Scalar", "number")))
+    return known
 
 
 #: ops whose output shape (or a size read from it) follows the values of their tensor arguments
@@ -84,6 +110,28 @@ _DATA_SHAPED = frozenset(getattr(packet, o) for packet in (
                                              "to_sparse_bsr", "to_sparse_bsc", "sparse_mask")
         if hasattr(torch.ops.aten, n)))
     for o in packet.overloads())
+
+
+def _snapshot(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A private copy of a shape source's values (``None`` for a tensor without plain storage)."""
+    if t is None or t.layout != torch.strided or t.device.type == "meta":
+        return None
+    with torch.no_grad():
+        return t.detach().clone()
+
+
+def _same_contents(t: torch.Tensor, copy: torch.Tensor | None) -> bool:
+    """Whether ``t`` holds ``copy``'s bits (a NaN equals itself); ``False`` where there is no copy
+    to compare (the graph is recorded anew)."""
+    if copy is None or t.shape != copy.shape or t.dtype != copy.dtype or t.device != copy.device:
+        return False
+    a, b = t.detach(), copy
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if a.is_floating_point():
+        bits = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[a.element_size()]
+        a, b = a.contiguous().view(bits), b.contiguous().view(bits)
+    return bool(torch.equal(a, b))
 
 
 def _data_shaped(func, args, kwargs) -> bool:
@@ -109,7 +157,8 @@ def _data_shaped(func, args, kwargs) -> bool:
 _GRAD_ATTRIBUTES = tuple(d for d in (torch._C.TensorBase.__dict__.get(n) for n in ("grad", "_grad")) if d is not None)
 
 _HOST_READS = frozenset(getattr(cls, n) for cls in (torch.Tensor, torch._C.TensorBase)
-                        for n in ("tolist", "numpy", "__array__", "data_ptr", "untyped_storage", "storage")
+                        for n in ("tolist", "numpy", "__array__", "__dlpack__", "data_ptr", "untyped_storage",
+                                  "storage")
                         if hasattr(cls, n))
 
 
@@ -461,10 +510,11 @@ class Tracing:
                 self.shape_sources.extend(s for s in mode.shape_sources if s[0]() is not None)
 
     def _shapes_hold(self) -> bool:
-        """Whether no tensor that an output shape in a recorded graph followed was written since."""
-        for ref, version in self.shape_sources:
+        """Whether no tensor that an output shape in a recorded graph followed was written since
+        (its version counter, and its contents: a write through ``.data`` moves no counter)."""
+        for ref, version, copy in self.shape_sources:
             t = ref()
-            if t is not None and t._version != version:
+            if t is not None and (t._version != version or not _same_contents(t, copy)):
                 return False
         return True
 
@@ -652,6 +702,7 @@ class Tracing:
         grads = not self.compile and torch.is_grad_enabled()
         shared = (self.input_free.get(key, False) and x.storage_offset() == 0 and x.is_contiguous()
                   and x.untyped_storage().nbytes() == x.numel() * x.element_size()
+                  and not (x.is_neg() or x.is_conj())  # (resolved by the copy: compiled kernels ignore the bits)
                   and not (grads and (key in self.records_grad or _replay_records_grad(graph))))
         xf = x if shared else x.clone()
         version = xf._version

@@ -24,7 +24,7 @@ from .backends.fused import FusedGather, FusedState
 from .backends.hvp import ForwardOverReverseHVP, ReverseOverReverseHVP, value_grad_hvp
 from .coloring.choose import choose_hessian, choose_jacobian
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
-from .decompression.device import Decompressor
+from .decompression.device import Decompressor, same_memory
 from .detection.jacobian import check_input
 from .backends.traced import CALLS_BEFORE_TRACING, GraphWritesInput, Tracing, _rng_state, _set_rng_state, under_transform
 from . import arg_values
@@ -807,7 +807,7 @@ class _SparseOperator:
                              f"{dec.col.dtype} indices, got {tuple(out.shape)}, {out.dtype}, {out.device}; pass a "
                              f"result of this operator")
         crow, col = out.crow_indices(), out.col_indices()
-        same = crow.data_ptr() == dec.crow.data_ptr() and col.data_ptr() == dec.col.data_ptr()
+        same = same_memory(crow, dec.crow) and same_memory(col, dec.col)
         if not same and not (col.shape == dec.col.shape and torch.equal(crow, dec.crow) and torch.equal(col, dec.col)):
             raise InputError(f"out has another sparsity structure than {self._what}'s pattern; pass a result of "
                              "this operator (its crow and column indices must be the pattern's)")

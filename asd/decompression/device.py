@@ -41,8 +41,27 @@ def _carries_derivatives(t: torch.Tensor) -> bool:
     return torch._C._functorch.is_functorch_wrapped_tensor(t) or _has_tangent(t)
 
 
+def handed_out(t: torch.Tensor) -> torch.Tensor:
+    """An index tensor of the decompressor's for a result the caller owns: a copy-on-write clone
+    (``torch._lazy_clone``: no copy until someone writes into either), so that a caller who edits
+    a returned CSR's indices, through PyTorch or numpy, edits their own and never a later result's.
+    Where PyTorch cannot make one (memory it did not allocate), a copy."""
+    try:
+        return torch._lazy_clone(t)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return t.clone()
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` read the same memory, without materializing a copy-on-write clone
+    (``data_ptr()`` is a write access: it would copy)."""
+    return a.const_data_ptr() == b.const_data_ptr()
+
+
 def _t(a, device) -> torch.Tensor:
-    return torch.from_numpy(np.array(a, dtype=np.int64)).to(device)
+    # in memory PyTorch allocated (a clone on the CPU): numpy's cannot be cloned copy-on-write
+    t = torch.from_numpy(np.array(a, dtype=np.int64))
+    return t.clone() if torch.device(device).type == "cpu" else t.to(device)
 
 
 @dataclass(frozen=True, eq=False)
@@ -228,9 +247,10 @@ class Decompressor:
             raise InputError("a torch.sparse_csr tensor cannot carry forward-mode tangents (PyTorch has no forward AD for "
                              "sparse compressed tensors): call the operator's .values(x), whose tangent is the values' "
                              "derivative along x's tangent, and build the matrix from op.pattern")
+        crow, col = handed_out(self.crow), handed_out(self.col)
         if values.device == self.crow.device:  # dtype= and device= would cost a third of the call
-            return torch.sparse_csr_tensor(self.crow, self.col, values, size=self.shape, check_invariants=False)
-        return torch.sparse_csr_tensor(self.crow, self.col, values, size=self.shape, dtype=values.dtype,
+            return torch.sparse_csr_tensor(crow, col, values, size=self.shape, check_invariants=False)
+        return torch.sparse_csr_tensor(crow, col, values, size=self.shape, dtype=values.dtype,
                                        device=values.device, check_invariants=False)
 
     def __call__(self, compressed: torch.Tensor) -> torch.Tensor:

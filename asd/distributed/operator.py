@@ -31,7 +31,7 @@ import warnings
 from ..backends import HVP_BACKENDS, BatchedProducts, ForwardJVP, ReverseVJP, flatten_function, scalar_function
 from ..backends.hvp import ReverseOverReverseHVP
 from ..coloring.result import ColumnSeeds
-from ..decompression.device import Decompressor
+from ..decompression.device import Decompressor, handed_out
 from ..decompression.plans import DirectPlan, SubstitutionPlan
 from ..detection.jacobian import check_input
 from .. import arg_values
@@ -493,7 +493,7 @@ class DistributedOperator:
         if isinstance(self.output, Rows):
             r0, r1 = self.row_range
             crow = self.decompressor.crow[r0:r1 + 1]
-            col = self.decompressor.col[int(crow[0]):int(crow[-1])]
+            col = handed_out(self.decompressor.col[int(crow[0]):int(crow[-1])])
             return torch.sparse_csr_tensor(crow - crow[0], col, values, size=(r1 - r0, self.coloring.shape[1]),
                                            dtype=values.dtype, device=values.device, check_invariants=False)
         return self.decompressor.csr(values)

@@ -364,7 +364,7 @@ class _State(_Fingerprint):
         try:
             if t.layout != torch.strided:
                 return key + (t._version,)
-            key += (t._version, t.untyped_storage().data_ptr(), t.storage_offset())
+            key += (t._version, t.const_data_ptr(), t.storage_offset())
         except (RuntimeError, NotImplementedError):  # no storage to read (a tensor subclass of its own)
             self.complete = False
             return key

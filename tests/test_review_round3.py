@@ -193,3 +193,22 @@ def test_results_and_plans_do_not_alias_a_read_only_view_of_a_writable_buffer():
     buf[:] = 7
     assert coloring.colors.tolist() == [0, 1, 0, 1] and plan.gather.tolist() == [0, 1, 0, 1]
     assert np.shares_memory(kept.colors, owned)  # memory no one can write is kept as it is
+
+
+def test_results_passed_to_asd_linalg_share_one_cached_pattern_without_copies():
+    """Each result's indices are copy-on-write clones; asd.linalg finds its pattern by the indices'
+    address without writing (``data_ptr()`` would copy each result's indices and miss the cache)."""
+    from asd.linalg import _sparse
+
+    f = lambda z: torch.sin(z) * 3.0 + z.roll(1) * z  # noqa: E731
+    x = torch.rand(12, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x)
+    asd.linalg.clear_cache()
+    b = torch.rand(12, dtype=torch.float64)
+    for k in range(3):
+        J = op(x + k)
+        y = asd.linalg.matmul(J, b)
+        torch.testing.assert_close(y, torch.func.jacrev(f)(x + k) @ b)
+        if k:  # (the first builds the pattern, reading the indices through numpy)
+            assert torch._C._is_cow_tensor(J.col_indices()) and torch._C._is_cow_tensor(J.crow_indices())
+    assert len(_sparse._CACHE) == 1

@@ -44,9 +44,16 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two index tensors hold the same values (Numba on CPU: torch.equal is ~6x slower)."""
     if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
         return False
-    if a.device.type == "cpu" and _numba() and a.is_contiguous() and b.is_contiguous():
+    if (a.device.type == "cpu" and _numba() and a.is_contiguous() and b.is_contiguous()
+            and not (_is_cow(a) or _is_cow(b))):  # (numpy() would copy a copy-on-write clone: an asd result's indices)
         return bool(_numba().equal(a.reshape(-1).numpy(), b.reshape(-1).numpy()))
     return torch.equal(a, b)
+
+
+def _is_cow(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory is shared copy-on-write (``torch._lazy_clone``), which a write access copies."""
+    is_cow = getattr(torch._C, "_is_cow_tensor", None)
+    return bool(is_cow(t)) if is_cow is not None else False
 
 
 def spmm(P, vals: torch.Tensor, X: torch.Tensor, trans: bool = False) -> torch.Tensor:

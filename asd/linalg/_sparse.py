@@ -211,7 +211,7 @@ def get_pattern(A: torch.Tensor, name: str = "A") -> Pattern:
         return _coo_pattern(A, A._indices(), name)
     if A.layout == torch.sparse_csr:
         crow, col = A.crow_indices(), A.col_indices()
-        key = ("csr", tuple(A.shape), crow.data_ptr(), col.data_ptr(), crow._version,
+        key = ("csr", tuple(A.shape), crow.const_data_ptr(), col.const_data_ptr(), crow._version,
                col._version, col.numel(), str(A.device))
         P = _cached_pattern(key, (crow, col))
         if P is not None:
@@ -219,7 +219,7 @@ def get_pattern(A: torch.Tensor, name: str = "A") -> Pattern:
         P = _csr_pattern(A, crow, col, name)
     else:
         idx = A._indices()
-        key = ("coo", tuple(A.shape), idx.data_ptr(), idx._version, idx.shape[1], str(A.device))
+        key = ("coo", tuple(A.shape), idx.const_data_ptr(), idx._version, idx.shape[1], str(A.device))
         P = _cached_pattern(key, (idx,))
         if P is not None:
             return P
@@ -390,12 +390,13 @@ def values_at(G: torch.Tensor, P: Pattern) -> torch.Tensor:
         same = False
         if G.layout == torch.sparse_csr and P.orig is not None:
             gc, gr = G.col_indices(), G.crow_indices()
-            same = (gc.data_ptr() == P.orig[1].data_ptr() and gr.data_ptr() == P.orig[0].data_ptr()) or (
+            same = (gc.const_data_ptr() == P.orig[1].const_data_ptr()
+                    and gr.const_data_ptr() == P.orig[0].const_data_ptr()) or (
                 gc.shape == P.orig[1].shape and gr.shape == P.orig[0].shape
                 and torch.equal(gc, P.orig[1]) and torch.equal(gr, P.orig[0]))
         elif G.layout == torch.sparse_coo and P.orig is not None and G.is_coalesced():
             gi = G._indices()
-            same = gi.data_ptr() == P.orig[0].data_ptr() or (
+            same = gi.const_data_ptr() == P.orig[0].const_data_ptr() or (
                 gi.shape == P.orig[0].shape and torch.equal(gi, P.orig[0]))
         if same:
             return _Values.apply(G, P) if G.requires_grad else _raw_values(G).reshape(-1)

@@ -340,10 +340,14 @@ class _ImplicitSolve(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gv = -outer(Q, X)
             rows, cols = st.shape
-            if rows > cols:                                       # tall: least-squares residual
+            # the pseudo-inverse's derivative (Golub and Pereyra): a least-squares solver's A may be
+            # rank-deficient whatever its shape (a square A with an empty row), and then both terms
+            # count; a full-rank A zeroes the one its shape does not need
+            pseudo = st.solver.least_squares
+            if rows > cols or pseudo:                             # the least-squares residual
                 R = Bm - op(X, st.transposed)
                 gv = gv + outer(R, solve(st, Q))
-            elif rows < cols:                                     # wide: minimum-norm solution
+            if rows < cols or pseudo:                             # the minimum-norm solution
                 Gperp = G - solve(st, op(G, st.transposed))
                 gv = gv + outer(solve(stT, X), Gperp)
         return gv, (Q if ctx.needs_input_grad[1] else None), None, None, None, None

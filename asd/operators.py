@@ -890,8 +890,8 @@ class _SparseOperator:
         arguments, see :meth:`values`). ``out``: a CSR tensor this operator returned before, whose
         values are overwritten and which is returned (see :meth:`values`).
 
-        Every result shares the operator's crow and column index tensors (copying them would cost
-        more than a compiled call): write to a result's ``values()`` only, never to its indices."""
+        Every result's crow and column index tensors are copy-on-write clones of the operator's:
+        editing one result's indices copies them then, and changes no other result."""
         if out is not None:
             self.values(x, *args, out=self._check_out_csr(out), **kwargs)
             return out

@@ -192,3 +192,4 @@ def test_rounding_of_a_vanishing_hessian_is_no_error_and_hides_no_missing_entry(
     missing[0, 5] = missing[5, 0] = False
     with pytest.raises(CheckError):
         aj.prepare_hessian(coupled, x, check=True, pattern=missing)(x)
+

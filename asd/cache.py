@@ -362,28 +362,34 @@ class _State(_Fingerprint):
     def tensor(self, t: torch.Tensor):
         key = super().tensor(t)
         try:
-            if t.layout != torch.strided:
-                return key + (t._version,)
+            if t.layout != torch.strided:  # (its indices are summarized above, by content)
+                values = t._values() if t.layout == torch.sparse_coo else t.values()
+                return key + (t._version, self._content(values))
             key += (t._version, t.const_data_ptr(), t.storage_offset())
         except (RuntimeError, NotImplementedError):  # no storage to read (a tensor subclass of its own)
             self.complete = False
             return key
-        if t.device.type == "cpu" and t.numel() <= _HASH_LIMIT:
-            self._hashed += t.numel()
-            if self._hashed > STATE_CONTENT_ELEMENTS:
-                self.complete = False
-                return key + ("content unread",)
-            data = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
-            key += (hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest(),)
-        return key
+        return key + (self._content(t),)
+
+    def _content(self, t: torch.Tensor):
+        """A hash of ``t``'s values while the budget lasts; beyond it, or off the CPU, the summary
+        is incomplete: a write through ``.data`` or another alias (``t.numpy()``, DLPack) bumps no
+        version counter."""
+        if t.device.type != "cpu" or self._hashed + t.numel() > STATE_CONTENT_ELEMENTS:
+            self.complete = False
+            return "content unread"
+        self._hashed += t.numel()
+        data = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
+        return hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest()
 
 
 def state_fingerprint(obj) -> tuple[object, bool]:
     """``(summary, complete)``: :func:`value_fingerprint` of ``obj`` with every tensor's version
-    counter, storage and (up to 65536 elements on the CPU) content: what a cache of *computed
-    values* (a gradient at ``x``) must see unchanged before it answers again. Blind only to writes
-    through ``.data`` into larger tensors (or beyond :data:`STATE_CONTENT_ELEMENTS` elements in all),
-    or on another device, which bump no version counter."""
+    counter, storage and content (CPU tensors of :data:`STATE_CONTENT_ELEMENTS` elements in all):
+    what a cache of *computed values* (a gradient at ``x``) must see unchanged before it answers
+    again. Where content goes unread (larger tensors, other devices) the summary is incomplete: a
+    write through ``.data``, ``.numpy()`` or DLPack bumps no version counter, so such a cache must
+    not answer from it."""
     fp = _State()
     return fp(obj), fp.complete
 

@@ -197,14 +197,15 @@ class _Scalar:
 
     def _at(self, call_args):
         """``(key, x, others)``; ``key`` is ``None`` (nothing reused) when an argument cannot be
-        compared by content. The key holds ``f``'s state (:func:`asd.cache.state_fingerprint`: the
-        version counters and storages of the tensors ``f`` reads, the content of small ones), which
-        a solver's caller may change between two solves; an in-place change it cannot see (a large
-        numpy array's, an attribute of an object of the user's own class) is not seen here either."""
+        compared by content, or when ``f``'s state cannot be summarized whole
+        (:func:`asd.cache.state_fingerprint`: the version counters, storages and contents of the
+        tensors ``f`` reads, which a solver's caller may change between two solves; a tensor too
+        large to read at every call, an object of the user's own class: then every callback
+        evaluates anew, and ``hessp`` by exact Hessian-vector products)."""
         z, others = self.ad.split(call_args) if call_args else (None, ())
-        state, _ = state_fingerprint(self.ad.f)
+        state, complete = state_fingerprint(self.ad.f)
         try:
-            key = (_key_of(np.asarray(z)), tuple(_key_of(a) for a in others), state)
+            key = (_key_of(np.asarray(z)), tuple(_key_of(a) for a in others), state) if complete else None
         except _Unkeyable:
             key = None
         return key, self.ad.tensor(z), others or self.others0
@@ -239,7 +240,7 @@ class _Scalar:
         key, x, rest = self._at(call_args)
         p = np.asarray(p, dtype=float).reshape(-1)
         kept = self._hess
-        if key is not None and kept is not None and kept[0] != key and kept[0] is not None and kept[0][:2] == key[:2]:
+        if key is None or (kept is not None and kept[0] != key and kept[0] is not None and kept[0][:2] == key[:2]):
             v = torch.as_tensor(p, dtype=x.dtype, device=x.device).reshape(x.shape)
             xr = x.detach().clone().requires_grad_(True)
             with torch.enable_grad():

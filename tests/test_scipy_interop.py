@@ -249,3 +249,45 @@ def test_operators_accept_numpy_input():
     torch.testing.assert_close(asd.sparse_hessian(g, x).to_dense(), torch.func.hessian(g)(xt))
     with pytest.raises(asd.InputError, match="shape"):
         op(np.ones(5))
+
+
+@pytest.mark.parametrize("write", ["numpy", "data"])
+def test_a_large_tensor_changed_without_a_version_bump_is_never_served_stale(write):
+    """``f`` reads a tensor too large to hash at every callback (100,000 elements); the caller
+    changes it through ``.numpy()`` or ``.data``, which bump no version counter. The gradient and
+    Hessian at the same x were served from before while ``fun`` saw the change (found by an
+    adversarial review): such state is not summarized whole, so nothing is reused."""
+    torch.manual_seed(0)
+    n = 20
+    C = torch.ones(100_000, dtype=torch.float64)
+
+    def f(z):
+        return (C[:n - 1] * z[1:] * z[:-1] ** 2).sum() + (z ** 2).sum()
+
+    x = np.random.default_rng(0).standard_normal(n)
+    fun, grad, hess = asd.scipy.fun(f), asd.scipy.grad(f, x), asd.scipy.hess(f, x)
+    hessp = asd.scipy.hessp(f, x)
+    grad(x), hess(x), hessp(x, np.ones(n))
+    if write == "numpy":
+        C.numpy()[:n] = 3.0
+    else:
+        C.data[:n] = 3.0
+    xt = torch.tensor(x)
+    assert fun(x) == pytest.approx(float(f(xt)), rel=1e-14)
+    np.testing.assert_allclose(grad(x), torch.func.grad(f)(xt).numpy(), rtol=1e-12, atol=1e-12)
+    H = torch.func.hessian(f)(xt).numpy()
+    np.testing.assert_allclose(hess(x).toarray(), H, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(hessp(x, np.ones(n)), H @ np.ones(n), rtol=1e-12, atol=1e-12)
+
+
+def test_ipopt_problem_gradient_sees_a_large_tensor_changed_through_numpy():
+    from asd.solvers.ipopt import IpoptProblem
+
+    p = torch.ones(100_000, dtype=torch.float64)
+    f = lambda x: ((x - p[:3]) ** 2).sum()  # noqa: E731
+    P = IpoptProblem(f, None, np.zeros(3))
+    x = np.array([0.5, 0.5, 0.5])
+    np.testing.assert_allclose(P.gradient(x), [-1.0, -1.0, -1.0])
+    p.numpy()[:3] = 3.0  # no version counter moves
+    np.testing.assert_allclose(P.gradient(x), [-5.0, -5.0, -5.0])
+    assert P.objective(x) == pytest.approx(18.75)

@@ -96,9 +96,11 @@ class IpoptProblem:
 
     def _value_grad(self, x):
         """``(key, value, gradient)`` at ``x``, kept for the next call while ``x`` and ``f``'s state
-        (:func:`asd.cache.state_fingerprint`) are the same."""
-        key = (np.asarray(x, dtype=np.float64).tobytes(), state_fingerprint(self.f)[0])
-        if self._at is None or self._at[0] != key:
+        (:func:`asd.cache.state_fingerprint`) are the same; evaluated anew at every call where that
+        state cannot be summarized whole."""
+        state, complete = state_fingerprint(self.f)
+        key = (np.asarray(x, dtype=np.float64).tobytes(), state) if complete else None  # None: never reused
+        if key is None or self._at is None or self._at[0] != key:
             grad, value = torch.func.grad_and_value(lambda v: self.f(v).reshape(()))(self._t(x))
             self._at = (key, float(value), grad.detach().numpy())
         return self._at

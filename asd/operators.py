@@ -1146,8 +1146,12 @@ class SparseHessian(_SparseOperator):
                               conform)
         # off the CPU, substitution runs level by level: worth it only for shallow trees
         one_call = not reuse and self.trace_info is not None
+        # float64 arithmetic throughout: x's dtype, and no coarser one inside f (f computing in float32
+        # on a float64 x has float32's rounding in its products, which substitution would accumulate)
+        exact = x.dtype == torch.float64 and not (self.trace_info is not None
+                                                  and self.trace_info.computes_coarser_than(torch.float64))
         result = self._choose_coloring(lambda: choose_hessian(
-            self.pattern, coloring, order, exact_arithmetic=x.dtype == torch.float64,
+            self.pattern, coloring, order, exact_arithmetic=exact,
             max_levels=None if x.device.type == "cpu" else MAX_GPU_SUBSTITUTION_LEVELS,
             one_call_elements=self.trace_info.elements if one_call else None))
         _warn_if_dense(result, self.pattern)

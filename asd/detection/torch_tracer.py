@@ -765,6 +765,10 @@ class TraceInfo:
         the trace follows the ops of their ``forward``, PyTorch differentiates their ``backward``
         (or ``jvp``), which may not follow them (a straight-through estimator), so operators check
         their first call (:func:`custom_functions_of`).
+    float_dtypes
+        The floating dtypes of the tensors the traced ops computed: an ``f`` that computes in
+        float32 on a float64 input has float32's rounding in its derivatives, whatever their dtype
+        (acyclic substitution is then not the default).
     """
 
     ops: frozenset
@@ -775,6 +779,12 @@ class TraceInfo:
     gaps: frozenset = frozenset()
     elements: int = 0
     custom_functions: frozenset = frozenset()
+    float_dtypes: frozenset = frozenset()
+
+    def computes_coarser_than(self, dtype: torch.dtype) -> bool:
+        """Whether a traced op computed in a floating dtype less precise than ``dtype``."""
+        eps = torch.finfo(dtype).eps
+        return any(torch.finfo(d.to_real() if d.is_complex else d).eps > eps for d in self.float_dtypes)
 
 
 class Tracer:
@@ -817,6 +827,7 @@ class Tracer:
         self.calls_autograd = False
         self.gaps: set = set()
         self.elements = 0
+        self.float_dtypes: set = set()
         self.custom_functions: frozenset = frozenset()
         self._decomposing = 0
         self._input_storages: list[Storage] = []
@@ -827,7 +838,8 @@ class Tracer:
     def info(self) -> TraceInfo:
         """What this trace saw besides the index sets (see :class:`TraceInfo`)."""
         return TraceInfo(frozenset(self.ops_seen), self.writes_input, self.no_grad_cut, self.calls_autograd,
-                         frozenset(self.fallback_ops), frozenset(self.gaps), self.elements, self.custom_functions)
+                         frozenset(self.fallback_ops), frozenset(self.gaps), self.elements, self.custom_functions,
+                         frozenset(self.float_dtypes))
 
     def note_autograd(self) -> None:
         self.calls_autograd = True
@@ -903,6 +915,8 @@ class Tracer:
                 f"{primal.numel()} elements"
             )
         self.elements += primal.numel()
+        if primal.dtype.is_floating_point or primal.dtype.is_complex:
+            self.float_dtypes.add(primal.dtype)
         return TracedTensor(Storage(primal, sets), primal, None, self.device)
 
     # -- dispatch -----------------------------------------------------------------------------

@@ -60,7 +60,29 @@ def _frozen(f: Callable, x) -> tuple[Callable, object]:
     def frozen(v):
         return jax.tree_util.tree_unflatten(tree, run(v))
 
+    frozen.float_dtypes = _float_dtypes(closed.jaxpr)
     return frozen, out_shape
+
+
+def _float_dtypes(jaxpr) -> frozenset:
+    """The floating (and complex) dtypes a jaxpr computes, inside its sub-jaxprs too (``cond``,
+    ``scan``, ``pjit``, custom rules)."""
+    seen: set = set()
+
+    def walk(j) -> None:
+        for eqn in j.eqns:
+            for v in eqn.outvars:
+                dt = getattr(getattr(v, "aval", None), "dtype", None)
+                if dt is not None and jnp.issubdtype(dt, jnp.inexact):
+                    seen.add(np.dtype(dt))
+            for param in eqn.params.values():
+                for sub in (param if isinstance(param, (list, tuple)) else (param,)):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jaxpr)
+    return frozenset(seen)
 
 
 def _check_batch_size(batch_size) -> int | None:
@@ -452,7 +474,11 @@ class SparseHessian(_SparseOperator):
 
         self._detect(lambda: hessian_sparsity(f, x, local=local, strict=strict), pattern, conform)
         t0 = time.perf_counter()
-        result = choose_hessian(self.pattern, coloring, order, exact_arithmetic=self.dtype == jnp.float64,
+        # float64 throughout: x's dtype, and no coarser one inside f (a float32 model on float64
+        # parameters has float32's rounding in its products, which substitution would accumulate)
+        eps64 = np.finfo(np.float64).eps
+        exact = self.dtype == jnp.float64 and all(np.finfo(d).eps <= eps64 for d in f.float_dtypes)
+        result = choose_hessian(self.pattern, coloring, order, exact_arithmetic=exact,
                                 max_levels=MAX_SUBSTITUTION_LEVELS)
         self.timings["coloring"] = time.perf_counter() - t0
         shape = self.shape

@@ -362,9 +362,12 @@ class _State(_Fingerprint):
     def tensor(self, t: torch.Tensor):
         key = super().tensor(t)
         try:
-            if t.layout != torch.strided:  # (its indices are summarized above, by content)
-                values = t._values() if t.layout == torch.sparse_coo else t.values()
-                return key + (t._version, self._content(values))
+            if t.layout == torch.sparse_coo:
+                return key + (t._version, self._content(t._indices()), self._content(t._values()))
+            if t.layout != torch.strided:  # compressed layouts: both index tensors and the values
+                compressed = (t.crow_indices(), t.col_indices()) if t.layout in (torch.sparse_csr, torch.sparse_bsr) \
+                    else (t.ccol_indices(), t.row_indices())
+                return key + (t._version, *(self._content(i) for i in compressed), self._content(t.values()))
             key += (t._version, t.const_data_ptr(), t.storage_offset())
         except (RuntimeError, NotImplementedError):  # no storage to read (a tensor subclass of its own)
             self.complete = False

@@ -356,10 +356,9 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
         except Exception:  # noqa: BLE001 - f does not run plainly here: keep the relative verdict
             ok = False
         if not ok:  # or, entry by entry, at the rounding the products show at this x (their linearity defect)
-            shown = rounding_shown(which, product, ref_all, finite)
-            if shown.numel():  # (an entry's own defect may be small by chance: at least the typical entry's)
-                shown = torch.maximum(shown, shown.median())
-            slack = DEFECT_FACTOR * shown + tol * local
+            # entry by entry only: a floor shared by the entries (their median) let the rounding of
+            # many rows excuse an error in a quiet one (a missed entry, rounding carried down a chain)
+            slack = DEFECT_FACTOR * rounding_shown(which, product, ref_all, finite) + tol * local
             ok = bool(((got - ref).abs() <= slack).all())
     if ok and finite is None:  # passed by a floor: no entry outside the pattern hides below it
         missed = outside_pattern(which, product, got, ref, local)
@@ -372,7 +371,7 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
 #: differences up to this many times the other mode's linearity defect are its rounding (:func:`probe`)
 DEFECT_FACTOR = 16.0
 #: random pairs the linearity defect is the largest over
-DEFECT_TRIALS = 4
+DEFECT_TRIALS = 8
 
 #: a row's difference below ``eps ** ROW_FLOOR_POWER`` times the largest row scale is rounding,
 #: whatever the row's own scale: rows up to about 10^9 (float64; 10^4 in float32) below the largest

@@ -1077,7 +1077,8 @@ class SparseHessian(_SparseOperator):
         ``"star"`` (direct decompression), ``"acyclic"`` (fewer colors, substitution) or ``None``:
         star, unless acyclic needs fewer colors (and, off the CPU, its substitution has at most
         ``MAX_GPU_SUBSTITUTION_LEVELS`` sequential levels). Below float64 the default is always
-        star: substitution accumulates rounding errors on small entries. Substitution's rounding is
+        star: substitution accumulates rounding errors on small entries (so too where ``f``
+        computes in float32 on a float64 ``x``: the trace's dtypes count). Substitution's rounding is
         bounded at the first call, at checked calls and at every one-off call
         (:mod:`asd.decompression.precision`): where some entries may hold more than a check
         tolerates (a large entry feeding a chain of small ones), an :class:`asd.PrecisionWarning`,

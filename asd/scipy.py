@@ -276,7 +276,8 @@ def hess(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.floa
 def hessp(f: Callable, x0, *, argnum: int = 0, args: tuple = (), dtype=torch.float64, device="cpu",
           **options) -> Callable:
     """``hessp(x, p, *args) -> np.ndarray``: the Hessian times ``p`` from the sparse Hessian at ``x``
-    (computed once per ``x``, then one sparse product per ``p``)."""
+    (computed once per ``x``, then one sparse product per ``p``; where ``f``'s state cannot be
+    summarized whole, one exact Hessian-vector product per call instead)."""
     s = _Scalar(f, x0, argnum, args, dtype, device, options)
 
     def product(*call_args):

@@ -291,3 +291,16 @@ def test_ipopt_problem_gradient_sees_a_large_tensor_changed_through_numpy():
     p.numpy()[:3] = 3.0  # no version counter moves
     np.testing.assert_allclose(P.gradient(x), [-5.0, -5.0, -5.0])
     assert P.objective(x) == pytest.approx(18.75)
+
+
+def test_a_coo_tensors_indices_changed_through_numpy_are_seen():
+    """The state fingerprint hashed a COO tensor's values but not its indices and called itself
+    complete: an edit of the indices through numpy served the old gradient (the final review)."""
+    i = torch.tensor([[0, 1, 2], [0, 1, 2]])
+    A = torch.sparse_coo_tensor(i, torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64), (3, 3)).coalesce()
+    f = lambda z: ((A @ z) ** 2).sum()  # noqa: E731
+    grad = asd.scipy.grad(f, np.ones(3))
+    x = np.array([1.0, 2.0, 3.0])
+    grad(x)
+    A._indices().numpy()[1, 2] = 0  # entry (2, 2) moves to (2, 0)
+    np.testing.assert_allclose(grad(x), torch.func.grad(f)(torch.tensor(x)).numpy(), rtol=1e-12)

@@ -310,28 +310,36 @@ def test_rounding_of_a_vanishing_hessian_is_no_error_and_hides_no_missing_entry(
             op(x)
 
 
-def test_rounding_carried_down_an_acyclic_chain_is_refused_by_the_check():
+@pytest.mark.parametrize("extra", [0, 14])
+def test_rounding_carried_down_an_acyclic_chain_is_refused_by_the_check(extra):
     """An identically zero term of 1e10 leaves about 1e-6 of rounding in the products' first rows
     (scale 1); acyclic substitution carries it down a chain of entries of 1e-6, wrong by 95% there.
     The products' own rounding, which lets a vanishing Hessian pass, is judged entry by entry: the
     small rows show none of it, so ``check=True`` refuses (a global allowance passed it; found by
-    an adversarial review). Star keeps the rounding in the rows that made it."""
+    an adversarial review). Star keeps the rounding in the rows that made it. ``extra`` adds
+    unrelated pairs with such rounding of their own: most rows then show rounding, and a floor
+    shared by the entries (their median) passed the chain again (the session's final review)."""
     n, big = 12, 1e10
     s = torch.full((n - 1,), 1e-6, dtype=torch.float64)
     s[:2] = 1.0
     d = torch.full((n,), 1e-6, dtype=torch.float64)
     d[:3] = 1.0
 
-    def f(x):
-        a, b = x[1], x[2]
-        zero = big * (torch.sin(a + b) - torch.sin(a) * torch.cos(b) - torch.cos(a) * torch.sin(b))
-        return (s * x[:-1] * x[1:]).sum() + 0.5 * (d * x * x).sum() + zero
+    def zero(a, b):
+        return big * (torch.sin(a + b) - torch.sin(a) * torch.cos(b) - torch.cos(a) * torch.sin(b))
 
-    x = torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 0.5
+    def f(x):
+        c, e = x[:n], x[n:]
+        out = (s * c[:-1] * c[1:]).sum() + 0.5 * (d * c * c).sum() + zero(c[1], c[2])
+        for k in range(0, extra, 2):
+            out = out + 0.5 * (e[k] ** 2 + e[k + 1] ** 2) + zero(e[k], e[k + 1])
+        return out
+
+    x = torch.rand(n + extra, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 0.5
     with pytest.raises(CheckError, match="cross-mode check"):
         asd.prepare_hessian(f, x, coloring="acyclic", check=True)(x)
     H = asd.prepare_hessian(f, x, coloring="star", check=True)(x).to_dense()
-    torch.testing.assert_close(H[3:], torch.func.hessian(f)(x)[3:], rtol=1e-9, atol=1e-15)
+    torch.testing.assert_close(H[3:n], torch.func.hessian(f)(x)[3:n], rtol=1e-9, atol=1e-15)
 
 
 def test_check_option_and_report():

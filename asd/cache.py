@@ -364,8 +364,10 @@ class _State(_Fingerprint):
         try:
             if t.layout == torch.sparse_coo:
                 return key + (t._version, self._content(t._indices()), self._content(t._values()))
-            if t.layout != torch.strided:  # compressed layouts: both index tensors and the values
-                compressed = (t.crow_indices(), t.col_indices()) if t.layout in (torch.sparse_csr, torch.sparse_bsr) \
+            if t.layout == torch.sparse_csr:  # (its indices are summarized by the summary above, by content)
+                return key + (t._version, self._content(t.values()))
+            if t.layout != torch.strided:  # the other compressed layouts: both index tensors and the values
+                compressed = (t.crow_indices(), t.col_indices()) if t.layout == torch.sparse_bsr \
                     else (t.ccol_indices(), t.row_indices())
                 return key + (t._version, *(self._content(i) for i in compressed), self._content(t.values()))
             key += (t._version, t.const_data_ptr(), t.storage_offset())

@@ -290,6 +290,32 @@ def test_keys_follow_the_graph_and_the_inputs():
     assert compile_cache.graph_key(gm, [strided]) != compile_cache.graph_key(gm, inputs)
 
 
+def test_kernels_without_index_tensors_are_vectorized_past_the_tiling_heuristic(monkeypatch):
+    # the pushed Brusselator graph broadcasts each row's value over its entries (u[i // 6]):
+    # Inductor's heuristic made that kernel a scalar loop (49 us instead of 27 at N=64)
+    seen = []
+    real = compile_cache.compile_graph
+
+    def spy(gm, args, **kw):
+        seen.append(gm)
+        return real(gm, args, **kw)
+
+    monkeypatch.setattr(compile_cache, "compile_graph", spy)
+    f, x = brusselator(8), brusselator_input(8)
+    op = asd.prepare_jacobian(f, x, mode="forward", compile=True)
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+    assert seen and compile_cache.kernel_options(seen[-1]) == {"cpp.enable_tiling_heuristics": False}
+    # a gather through an index tensor keeps Inductor's own choice
+    gathering = make_fx(lambda v, i: v.index_select(0, i) * 2.0)(torch.rand(5, dtype=torch.float64),
+                                                                   torch.tensor([0, 2, 4]))
+    assert compile_cache.kernel_options(gathering) == {}
+    # the options are part of the key
+    gm, inputs = seen[-1], [x.reshape(-1)] + list(_tracing(op).compiled.extras)
+    key = compile_cache.graph_key(gm, inputs)
+    monkeypatch.setattr(compile_cache, "kernel_options", lambda g: {})
+    assert compile_cache.graph_key(gm, inputs) != key
+
+
 @AOTI
 def test_artifacts_are_saved_loaded_and_checked(private_cache):
     gm, inputs = _graph()

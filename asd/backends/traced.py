@@ -160,6 +160,10 @@ _HOST_READS = frozenset(getattr(cls, n) for cls in (torch.Tensor, torch._C.Tenso
                         for n in ("tolist", "numpy", "__array__", "__dlpack__", "data_ptr", "untyped_storage",
                                   "storage")
                         if hasattr(cls, n))
+#: properties that hand a tensor's memory to another library (cupy, Numba's CUDA arrays): their
+#: ``__get__`` is what a torch function mode sees
+_HOST_PROPERTIES = tuple(d for d in (torch.Tensor.__dict__.get(n) for n in ("__cuda_array_interface__",))
+                         if d is not None)
 
 
 class _NoHostReads(TorchFunctionMode):
@@ -167,7 +171,8 @@ class _NoHostReads(TorchFunctionMode):
     dispatch (``.tolist()``, ``.numpy()``, ``np.asarray``): their values would be kept too."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _HOST_READS:
+        owner = getattr(func, "__self__", None)
+        if func in _HOST_READS or any(owner is d for d in _HOST_PROPERTIES):
             raise RuntimeError(f"f reads a tensor's memory outside PyTorch's operations ({getattr(func, '__name__', func)}): "
                                "a recorded graph would keep those values")
         if getattr(func, "__self__", None) in _GRAD_ATTRIBUTES:

@@ -14,3 +14,30 @@ def test_a_recording_refuses_the_cuda_array_interface():
         with pytest.raises(RuntimeError, match="outside PyTorch's operations"):
             torch.ones(3).__cuda_array_interface__
         torch.ones(3).add(1.0)  # other calls pass
+
+
+def test_asd_jax_reprobes_a_pass_by_the_rounding_allowance():
+    """asd.jax's probe passed entries whose difference its rounding allowance (the linearity defect)
+    excused, without the torch probe's second product on a vector vanishing on their stored
+    entries: an entry the pattern misses, hidden below that allowance, passed. (The allowance is
+    forced large here; the second product's sparse side is exactly 0, so it shows the entry.)"""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import numpy as np
+
+    import asd.jax as aj
+    from asd.errors import CheckError
+    from asd.jax.operators import _SparseOperator
+
+    def f(z):
+        return jnp.sum(z[:5] ** 2) + 1e-3 * z[1] * z[5]  # (row 5 stores nothing else: the second
+        # vector, vanishing on the stored entries of the rows it checks, keeps its fifth component)
+
+    x = jnp.asarray(np.random.default_rng(0).uniform(-2, 2, 8))
+    P = aj.hessian_sparsity(f, x).toarray().astype(bool)
+    P[1, 5] = P[5, 1] = False
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_SparseOperator, "_linearity_defect", lambda self, x, ref, rows: np.ones(len(rows)))
+        with pytest.raises(CheckError):
+            aj.prepare_hessian(f, x, check=True, pattern=P)(x)

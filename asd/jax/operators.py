@@ -152,9 +152,18 @@ class _SparseOperator:
         tol = tolerance_of(eps)
         verdict = _rows_agree(*(torch.from_numpy(a[rows]) for a in (mine, ref, scale)), tol,
                               eps ** ROW_FLOOR_POWER)  # the torch probe's row-by-row rule
-        if verdict.ok:
-            # entries that passed only by the row floor, probed again with a vector that vanishes on their
-            # stored entries' columns: the values' side is then exactly 0 there, any product a missed entry
+        passed = False
+        if not verdict.ok:
+            row = int(rows[verdict.row])
+            defect = self._linearity_defect(x, ref, rows)
+            # passed where the differences are, entry by entry, at the rounding the product itself
+            # shows at this x; then re-probed as a pass by the row floor is
+            passed = defect is not None and bool(
+                (np.abs(mine - ref)[rows] <= DEFECT_FACTOR * defect + tol * scale[rows]).all())
+        if verdict.ok or passed:
+            # entries that passed only by the row floor (or the rounding), probed again with a vector that
+            # vanishes on their stored entries' columns: the values' side is then exactly 0 there, and so
+            # is the rounding of their stored entries; any product there is an entry the pattern misses
             suspect = keep & (np.abs(mine - ref) > tol * scale)
             if not suspect.any():
                 return
@@ -169,11 +178,6 @@ class _SparseOperator:
             if not bad.any():
                 return
             row = int(np.flatnonzero(bad)[0])
-        else:
-            row = int(rows[verdict.row])
-            defect = self._linearity_defect(x, ref, rows)
-            if defect is not None and bool((np.abs(mine - ref)[rows] <= DEFECT_FACTOR * defect + tol * scale[rows]).all()):
-                return  # the differences are, entry by entry, at the rounding the product itself shows at this x
         raise CheckError(
             f"{self._what} failed its check at this x: entry {row} of the values times a random vector is "
             f"{mine[row]:.6g}, an independent product gives {ref[row]:.6g}. The sparsity pattern (traced at "

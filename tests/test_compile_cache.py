@@ -293,18 +293,29 @@ def test_keys_follow_the_graph_and_the_inputs():
 def test_kernels_without_index_tensors_are_vectorized_past_the_tiling_heuristic(monkeypatch):
     # the pushed Brusselator graph broadcasts each row's value over its entries (u[i // 6]):
     # Inductor's heuristic made that kernel a scalar loop (49 us instead of 27 at N=64)
-    seen = []
-    real = compile_cache.compile_graph
+    import torch._inductor.config as inductor_config
+    from torch._inductor.codegen import cpp as inductor_cpp
+
+    seen, heuristics = [], []
+    real, real_tiling = compile_cache.compile_graph, inductor_cpp.TilingSelect.select_tiling
 
     def spy(gm, args, **kw):
         seen.append(gm)
         return real(gm, args, **kw)
 
+    def tiling(self, *args, **kw):  # what Inductor's code generation reads
+        heuristics.append(inductor_config.cpp.enable_tiling_heuristics)
+        return real_tiling(self, *args, **kw)
+
     monkeypatch.setattr(compile_cache, "compile_graph", spy)
+    monkeypatch.setattr(inductor_cpp.TilingSelect, "select_tiling", tiling)
     f, x = brusselator(8), brusselator_input(8)
-    op = asd.prepare_jacobian(f, x, mode="forward", compile=True)
-    torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
+    with inductor_config.patch(force_disable_caches=True):  # generated here, not read from Inductor's cache
+        op = asd.prepare_jacobian(f, x, mode="forward", compile=True)
+        torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x))
     assert seen and compile_cache.kernel_options(seen[-1]) == {"cpp.enable_tiling_heuristics": False}
+    assert heuristics and not any(heuristics)  # applied while compiling
+    assert inductor_config.cpp.enable_tiling_heuristics  # and restored
     # a gather through an index tensor keeps Inductor's own choice
     gathering = make_fx(lambda v, i: v.index_select(0, i) * 2.0)(torch.rand(5, dtype=torch.float64),
                                                                    torch.tensor([0, 2, 4]))

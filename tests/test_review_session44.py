@@ -8,12 +8,36 @@ from asd.backends import traced
 
 def test_a_recording_refuses_the_cuda_array_interface():
     """cupy and Numba read a CUDA tensor's memory through ``__cuda_array_interface__``, outside
-    dispatch like ``.numpy()``: a recorded graph would keep the values read. (On the CPU the
-    property raises anyway; the recording's refusal comes first, naming the cause.)"""
+    dispatch like ``.numpy()``: a recorded graph would keep the values read. On the CPU the
+    property raises AttributeError, which ``hasattr`` answers False as without the recording."""
+    class _OnCuda(torch.Tensor):  # a CPU tensor that says it is on CUDA: no GPU here
+        is_cuda = property(lambda self: True)
+
+    cuda_like = torch.Tensor._make_subclass(_OnCuda, torch.ones(3))
     with traced._NoHostReads():
-        with pytest.raises(RuntimeError, match="outside PyTorch's operations"):
-            torch.ones(3).__cuda_array_interface__
+        with pytest.raises(RuntimeError, match=r"outside PyTorch's operations \(__cuda_array_interface__\)"):
+            cuda_like.__cuda_array_interface__
         torch.ones(3).add(1.0)  # other calls pass
+        # duck typing on a CPU tensor answers as without the mode (the property raises AttributeError
+        # there): f may test for CUDA arrays and still be recorded
+        assert not hasattr(torch.ones(3), "__cuda_array_interface__")
+
+
+def test_a_function_testing_for_cuda_arrays_is_still_recorded():
+    import asd
+
+    def f(z):
+        if hasattr(z, "__cuda_array_interface__"):
+            raise AssertionError("a CPU tensor")
+        return torch.sin(z) * z[0]
+
+    op = asd.prepare_jacobian(f, torch.rand(6, dtype=torch.float64))
+    for _ in range(60):
+        x = torch.rand(6, dtype=torch.float64)
+        J = op(x)
+    torch.testing.assert_close(J.to_dense(), torch.func.jacrev(f)(x))
+    tracing = (getattr(op.state, "fused", None) or op.state.products).tracing
+    assert tracing.graphs and not tracing.disabled, tracing.error
 
 
 def test_asd_jax_reprobes_a_pass_by_the_rounding_allowance():

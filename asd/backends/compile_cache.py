@@ -210,10 +210,12 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs) -> str:
     return h.hexdigest()[:40]
 
 
-#: ops that read their input at indices loaded from a tensor
-_INDIRECT = ("index", "_unsafe_index", "index_select", "gather", "take", "embedding", "index_put", "_unsafe_index_put",
-             "scatter", "scatter_add", "scatter_reduce", "index_add", "index_copy", "index_fill", "masked_select",
-             "take_along_dim", "nonzero")
+#: parts of the names of ATen ops that read or write at indices loaded from a tensor (``index``,
+#: ``_unsafe_index``, ``index_select``, ``gather``, ``scatter_add``, ``embedding``, ``take``,
+#: ``masked_select``, ``grid_sampler_2d``, ``max_pool2d_with_indices_backward``, in-place forms
+#: included): a name that merely contains one keeps Inductor's heuristic, as before
+_INDIRECT = ("index", "indices", "gather", "scatter", "embedding", "take", "masked", "grid_sampler", "nonzero",
+             "unpool")
 
 
 def kernel_options(gm: torch.fx.GraphModule) -> dict:
@@ -226,7 +228,7 @@ def kernel_options(gm: torch.fx.GraphModule) -> dict:
     index tensors keep the heuristic, which was not measured without it."""
     for n in gm.graph.nodes:
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) \
-                and n.target.overloadpacket.__name__ in _INDIRECT:
+                and any(part in n.target.overloadpacket.__name__ for part in _INDIRECT):
             return {}
     return {"cpp.enable_tiling_heuristics": False}
 

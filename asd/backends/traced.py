@@ -172,8 +172,12 @@ class _NoHostReads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         owner = getattr(func, "__self__", None)
-        if func in _HOST_READS or any(owner is d for d in _HOST_PROPERTIES):
-            raise RuntimeError(f"f reads a tensor's memory outside PyTorch's operations ({getattr(func, '__name__', func)}): "
+        prop = next((d for d in _HOST_PROPERTIES if owner is d), None)
+        if prop is not None and not (args and isinstance(args[0], torch.Tensor) and args[0].is_cuda):
+            prop = None  # (elsewhere the property raises AttributeError: hasattr() answers False, as without the mode)
+        if func in _HOST_READS or prop is not None:
+            name = prop.fget.__name__ if prop is not None else getattr(func, "__name__", func)
+            raise RuntimeError(f"f reads a tensor's memory outside PyTorch's operations ({name}): "
                                "a recorded graph would keep those values")
         if getattr(func, "__self__", None) in _GRAD_ATTRIBUTES:
             raise RuntimeError("f reads a tensor's .grad: a recorded graph would keep that tensor after a "

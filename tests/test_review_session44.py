@@ -65,3 +65,11 @@ def test_asd_jax_reprobes_a_pass_by_the_rounding_allowance():
         mp.setattr(_SparseOperator, "_linearity_defect", lambda self, x, ref, rows: np.ones(len(rows)))
         with pytest.raises(CheckError):
             aj.prepare_hessian(f, x, check=True, pattern=P)(x)
+
+
+def test_a_recording_refuses_reading_grad():
+    """``.grad`` read inside f: a recorded graph would keep the tensor a later backward replaces."""
+    with traced._NoHostReads():
+        w = torch.ones(3, requires_grad=True)
+        with pytest.raises(RuntimeError, match=r"\.grad"):
+            w.grad

@@ -121,17 +121,11 @@ def _snapshot(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _same_contents(t: torch.Tensor, copy: torch.Tensor | None) -> bool:
-    """Whether ``t`` holds ``copy``'s bits (a NaN equals itself); ``False`` where there is no copy
-    to compare (the graph is recorded anew)."""
-    if copy is None or t.shape != copy.shape or t.dtype != copy.dtype or t.device != copy.device:
-        return False
-    a, b = t.detach(), copy
-    if a.is_complex():
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
-    if a.is_floating_point():
-        bits = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[a.element_size()]
-        a, b = a.contiguous().view(bits), b.contiguous().view(bits)
-    return bool(torch.equal(a, b))
+    """Whether ``t`` holds ``copy``'s bits; ``False`` where there is no copy to compare (the graph
+    is recorded anew)."""
+    from .replay import _same
+
+    return copy is not None and t.device == copy.device and _same(t.detach(), copy)
 
 
 def _data_shaped(func, args, kwargs) -> bool:
@@ -179,7 +173,7 @@ class _NoHostReads(TorchFunctionMode):
             name = prop.fget.__name__ if prop is not None else getattr(func, "__name__", func)
             raise RuntimeError(f"f reads a tensor's memory outside PyTorch's operations ({name}): "
                                "a recorded graph would keep those values")
-        if getattr(func, "__self__", None) in _GRAD_ATTRIBUTES:
+        if any(owner is d for d in _GRAD_ATTRIBUTES):
             raise RuntimeError("f reads a tensor's .grad: a recorded graph would keep that tensor after a "
                                "backward pass (or zero_grad) replaces it")
         return func(*args, **(kwargs or {}))

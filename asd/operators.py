@@ -26,7 +26,7 @@ from .coloring.choose import choose_hessian, choose_jacobian
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor, same_memory
 from .detection.jacobian import check_input
-from .backends.traced import CALLS_BEFORE_TRACING, GraphWritesInput, Tracing, _rng_state, _set_rng_state, under_transform
+from .backends.traced import CALLS_BEFORE_TRACING, GraphWritesInput, Tracing, _rng_state, _set_rng_state, default_device, under_transform
 from . import arg_values
 from .cache import ValueGuard, fingerprint
 from .checks import CheckReport, checks_forced, custom_function_hint, probe
@@ -258,12 +258,12 @@ class _CallArgs:
 
 def _tracing_factory(f: Callable, box: _CallArgs) -> Callable[[], Tracing]:
     """What makes the operator's :class:`Tracing`: its guard watches ``f``, the call's extra
-    arguments and the default dtype (``torch.tensor(0.1)`` in ``f`` records a constant of that
-    dtype)."""
+    arguments, the default dtype (``torch.tensor(0.1)`` in ``f`` records a constant of that
+    dtype) and the default device (``torch.zeros(3)`` in ``f``)."""
 
     def make() -> Tracing:
         guard = ValueGuard()
-        return Tracing(lambda: guard((f, box.value, torch.get_default_dtype())))
+        return Tracing(lambda: guard((f, box.value, torch.get_default_dtype(), default_device())))
 
     return make
 

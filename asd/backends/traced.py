@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -189,12 +190,24 @@ MAX_MISSES = 2
 
 def _outside_graphs(x: torch.Tensor) -> bool:
     """Whether this call runs without recorded graphs: under autocast (its casts would be recorded
-    and then replayed outside it; ``asd.operators.check_context`` warns there) or with a global
+    and then replayed outside it; ``asd.operators.check_context`` warns there), with a global
     module hook registered (``torch.nn.modules.module.register_module_forward_hook``: what it does
-    is not part of the graph's guard)."""
+    is not part of the graph's guard), or under a mode of the caller's (:func:`_caller_modes`)."""
     if torch.is_autocast_enabled("cpu") or (x.device.type != "cpu" and torch.is_autocast_enabled(x.device.type)):
         return True
-    return any(_GLOBAL_MODULE_HOOKS)
+    return any(_GLOBAL_MODULE_HOOKS) or _caller_modes()
+
+
+def _caller_modes() -> bool:
+    """Whether a ``TorchFunctionMode`` or ``TorchDispatchMode`` is active (``make_fx``'s and
+    FakeTensor's among them): it may change what ``f`` computes at every call, while a recorded
+    graph replays the ops ``f`` ran at the recording, without the mode. PyTorch's default-device
+    mode (``torch.set_default_device``, ``with torch.device(...)``) only sets the device of the
+    tensors ``f`` creates: the operator's guard watches the default device instead."""
+    for i in range(torch._C._len_torch_function_stack()):
+        if type(torch._C._get_function_stack_at(i)) is not DeviceContext:
+            return True
+    return torch._C._len_torch_dispatch_stack() > 0
 
 
 #: the global hook dicts of ``torch.nn.Module`` (each non-empty while a global hook is registered)
@@ -203,6 +216,16 @@ _GLOBAL_MODULE_HOOKS = tuple(
         "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks",
         "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called"))
     if isinstance(d, dict))
+
+
+def default_device() -> torch.device | None:
+    """The device ``torch.set_default_device`` / ``with torch.device(...)`` sets (``None``: none is
+    set): what ``torch.get_default_device`` reads, without its cost (8 us)."""
+    for i in range(torch._C._len_torch_function_stack() - 1, -1, -1):
+        mode = torch._C._get_function_stack_at(i)
+        if type(mode) is DeviceContext:
+            return mode.device
+    return None
 
 
 def under_transform(x: torch.Tensor) -> bool:

@@ -28,6 +28,7 @@ from .decompression.device import Decompressor, same_memory
 from .detection.jacobian import check_input
 from .backends.traced import CALLS_BEFORE_TRACING, GraphWritesInput, Tracing, _rng_state, _set_rng_state, default_device, under_transform
 from . import arg_values
+from .autograd_hooks import unhooked
 from .cache import ValueGuard, fingerprint
 from .checks import CheckReport, checks_forced, custom_function_hint, probe
 from .backends.autograd_loop import AutogradLoop
@@ -665,6 +666,7 @@ class _SparseOperator:
         """Number of batched products per evaluation."""
         return int(self.coloring.ncolors)
 
+    @unhooked
     def compressed(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         """The flat compressed product (batch-first layout of the coloring's plan)."""
         x = self._check(x)
@@ -676,6 +678,7 @@ class _SparseOperator:
         run.compressed = True  # in the coloring's layout (see _evaluate_once)
         return self._evaluate(run, x, call_args)
 
+    @unhooked
     def values(self, x: torch.Tensor, *args, out: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure.
 
@@ -813,6 +816,7 @@ class _SparseOperator:
                              "this operator (its crow and column indices must be the pattern's)")
         return out.values()
 
+    @unhooked
     def check(self, x: torch.Tensor, values: torch.Tensor | None = None, *, args: tuple = (),
               kwargs: dict | None = None) -> CheckReport:
         """Probe the derivative at ``x`` with one product of the other AD mode (see :mod:`asd.checks`).
@@ -982,6 +986,7 @@ class SparseJacobian(_SparseOperator):
         """Whether plain reverse mode being wrong leaves no evaluation: forward mode is wrong too."""
         return "forward" in self.unsafe
 
+    @unhooked
     def __init__(self, f: Callable, x: torch.Tensor, *, mode: str = "auto", coloring: str | None = None,
                  order: str = "natural", batch_size: int | None = None, compile: bool | str = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
@@ -1122,6 +1127,7 @@ class SparseHessian(_SparseOperator):
         """Every Hessian-vector product differentiates a gradient: plain reverse mode is needed."""
         return True
 
+    @unhooked
     def __init__(self, f: Callable, x: torch.Tensor, *, coloring: str | None = None, order: str = "natural",
                  hvp: str = "auto", batch_size: int | None = None, compile: bool | str = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
@@ -1223,6 +1229,7 @@ class SparseHessian(_SparseOperator):
         backend = getattr(self, "backend", None)
         return _HVP_NAMES.get(type(getattr(backend, "inner", backend)), self._hvp)
 
+    @unhooked
     def value_grad_hessian(self, x: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(f(x), grad f(x), Hessian)``: from one batched forward-over-reverse evaluation when that
         is the operator's strategy, otherwise the Hessian and one gradient evaluation.

@@ -879,6 +879,14 @@ class _SparseOperator:
         return "first" if custom_function_hint(self.trace_info) else False
 
     def _verify(self, x: torch.Tensor, values: torch.Tensor, call_args=None) -> None:
+        if under_transform(x):
+            # the probe draws random vectors and differentiates f again: vmap refuses the draws, and
+            # the transforms' wrapped tensors meet the probe's own autograd calls
+            raise InputError(f"{self._what} checks this call (check=True, or extra arguments that differ from the "
+                             "prepared ones), and its cross-mode check cannot run inside a torch.func transform "
+                             "(vmap, jacrev, grad, jvp, also over f's extra arguments): prepare it with check=False "
+                             "to batch or differentiate over the arguments (values follow them; a pattern that "
+                             "depends on them is then not checked again), or call it outside the transform")
         report = self._probe(x, values, call_args or self._prepared_args)
         self._checked = self._checked or report.ok  # a failed first check is made again at the next call
         if not report.ok:

@@ -1,0 +1,52 @@
+"""A call whose cross-mode check is due (check=True, local=True, or extra arguments that differ from
+the prepared ones) inside a torch.func transform raises an InputError that names the fix; with
+check=False the values follow the transform (batched or differentiated over f's extra arguments)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import asd
+
+N = 10
+
+
+def f(z, th):
+    return torch.sin(z * th) * z.roll(1) + th.roll(-1) * z ** 3
+
+
+def _dense_values(op, z, th):
+    """Dense AD's Jacobian at the operator's stored entries."""
+    indptr, col = (torch.as_tensor(a) for a in (op.pattern.indptr, op.pattern.indices))
+    rows = torch.repeat_interleave(torch.arange(N), indptr[1:] - indptr[:-1])
+    return torch.func.jacrev(f)(z, th)[rows, col]
+
+
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+def test_a_check_due_inside_a_transform_raises_a_clear_error(mode):
+    torch.manual_seed(0)
+    x0, th0, x = (torch.randn(N, dtype=torch.float64) for _ in range(3))
+    op = asd.prepare_jacobian(f, x0, args=(th0,), mode=mode)
+    with pytest.raises(asd.InputError, match="check=False"):
+        torch.vmap(lambda q: op.values(x, q))(torch.randn(3, N, dtype=torch.float64))
+    with pytest.raises(asd.InputError, match="check=False"):
+        torch.func.jacrev(lambda q: op.values(x, q))(torch.randn(N, dtype=torch.float64))
+    local = asd.prepare_jacobian(lambda z: f(z, th0), x0, local=True)
+    with pytest.raises(asd.InputError, match="outside the transform"):
+        torch.func.grad(lambda z: local.values(z).sum())(x0)
+
+
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+def test_with_check_false_the_values_follow_the_transform(mode):
+    torch.manual_seed(1)
+    x0, th0, x = (torch.randn(N, dtype=torch.float64) for _ in range(3))
+    op = asd.prepare_jacobian(f, x0, args=(th0,), mode=mode, check=False)
+    ths = torch.randn(3, N, dtype=torch.float64)
+    got = torch.vmap(lambda q: op.values(x, q))(ths)
+    want = torch.stack([_dense_values(op, x, q) for q in ths])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    th = torch.randn(N, dtype=torch.float64)
+    got = torch.func.jacrev(lambda q: op.values(x, q))(th)
+    want = torch.func.jacfwd(lambda q: _dense_values(op, x, q))(th)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -7,48 +7,55 @@ double backward its gradient's): a hook that changes values would change each st
 result differently, and ``torch.func``'s transforms refuse such hooks outright. asd's products are
 the derivative of ``f`` as ``torch.func`` computes it, so the hooks are taken off the calling
 thread's stack for the call and put back as they were after it.
+
+``with unhooked():`` rather than a decorator: a decorator's frame would stand between the user's
+call and the warnings asd issues (their ``stacklevel``).
 """
 
 from __future__ import annotations
-
-import contextlib
-import functools
-from typing import Callable, Iterator
 
 import torch
 
 _A = torch._C._autograd
 
 
-def _active() -> bool:
-    return _A._top_saved_tensors_default_hooks(False) is not None
+class _Suspended:
+    """The calling thread's saved-tensor hooks off its stack inside the block, back on it after."""
 
+    __slots__ = ("popped",)
 
-@contextlib.contextmanager
-def suspended() -> Iterator[None]:
-    """The calling thread's saved-tensor hooks off its stack inside the block, back on it after.
-    Left alone where the hooks are disabled (``disable_saved_tensors_hooks``): the stack is empty
-    there, or PyTorch would refuse to put the hooks back."""
-    popped = []
-    if _A._saved_tensors_hooks_get_disabled_error_message() is None:
+    def __enter__(self):
+        self.popped = []
         while (top := _A._top_saved_tensors_default_hooks(False)) is not None:
             _A._pop_saved_tensors_default_hooks()
-            popped.append(top)
-    try:
-        yield
-    finally:
-        for pack, unpack in reversed(popped):
+            self.popped.append(top)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for pack, unpack in reversed(self.popped):
             _A._push_saved_tensors_default_hooks(pack, unpack)
+        return False
 
 
-def unhooked(method: Callable) -> Callable:
-    """``method`` run with the caller's saved-tensor hooks set aside (:func:`suspended`)."""
+class _Nothing:
+    __slots__ = ()
 
-    @functools.wraps(method)
-    def run(*args, **kwargs):
-        if not _active():
-            return method(*args, **kwargs)
-        with suspended():
-            return method(*args, **kwargs)
+    def __enter__(self):
+        return self
 
-    return run
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+_NOTHING = _Nothing()
+
+
+def unhooked():
+    """A context in which the caller's saved-tensor hooks are set aside (:class:`_Suspended`), or
+    one that does nothing where none are active. Hooks are left alone where they are disabled
+    (``disable_saved_tensors_hooks``): the stack is empty there, or PyTorch would refuse to put them
+    back."""
+    if (_A._top_saved_tensors_default_hooks(False) is None
+            or _A._saved_tensors_hooks_get_disabled_error_message() is not None):
+        return _NOTHING
+    return _Suspended()

@@ -321,12 +321,18 @@ def probe(op, x: torch.Tensor, values: torch.Tensor, *, generator: torch.Generat
                 return CheckReport(True, verdict.error, verdict.scale, tol, name)
             return CheckReport(False, missed.error, missed.scale, tol, f"{name} on a vector vanishing on the stored "
                                "entries of the rows it checks", missed.row)
-        if not torch.isfinite(candidate).all() and torch.isfinite(mine).all():
+        keep = torch.isfinite(candidate)
+        if not keep.all() and torch.isfinite(mine).all():
             # PyTorch's formula may fail where the values are finite (not evidence), or the values
             # miss a NaN or infinite derivative (a stale pattern): the finite entries decide
-            keep = torch.isfinite(candidate)
             if not keep.any() or _rows_agree(mine[keep], candidate[keep], candidate[keep].abs(), tol, row_floor).ok:
                 continue
+            finite = keep
+        elif not keep.all() and torch.equal(keep, torch.isfinite(mine)):
+            # NaN or infinite derivatives at this x (a NaN in x, sqrt of a negative) in the same lines
+            # of both: the finite lines decide
+            if not keep.any():
+                return CheckReport(True, 0.0, 0.0, tol, f"{name} (no finite line to compare)")
             finite = keep
         ref, what, got, scale = candidate, name, mine, mine_scale
         break

@@ -464,8 +464,17 @@ class _SparseOperator:
     def _adopt(self, coloring, backend: Backend) -> None:
         self.coloring = coloring
         self.backend = backend
-        self.decompressor = Decompressor(coloring, self.device, bounds=self._screening)
+        self.decompressor = Decompressor(coloring, self.device, bounds=self._screening, arithmetic=self._arithmetic())
         self.state = backend.init(self._g, self._x0, coloring, **self._options)
+
+    def _arithmetic(self) -> torch.dtype | None:
+        """The least precise floating dtype ``f``'s traced ops computed in, where coarser than the
+        operator's (``None`` otherwise, or where nothing was traced): the precision of the products."""
+        info = self.trace_info
+        coarsest = None if info is None else info.coarsest()
+        if coarsest is None or torch.finfo(coarsest).eps <= torch.finfo(self.dtype).eps:
+            return None
+        return coarsest
 
     @property
     def strategy(self) -> str:
@@ -578,7 +587,8 @@ class _SparseOperator:
                     _set_rng_state(x, rng)
                     try:
                         state = backend.init(self._g, self._x0, coloring, **self._options)
-                        decompressor = Decompressor(coloring, self.device, bounds=self._screening)
+                        decompressor = Decompressor(coloring, self.device, bounds=self._screening,
+                                                    arithmetic=self._arithmetic())
                         out = self._run_private(run, backend, state, decompressor, x)
                     except _WritesInput:
                         raise
@@ -666,19 +676,18 @@ class _SparseOperator:
         """Number of batched products per evaluation."""
         return int(self.coloring.ncolors)
 
-    @unhooked
     def compressed(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         """The flat compressed product (batch-first layout of the coloring's plan)."""
-        x = self._check(x)
-        call_args, _ = self._call_with(args, kwargs)
+        with unhooked():
+            x = self._check(x)
+            call_args, _ = self._call_with(args, kwargs)
 
-        def run(backend, state, dec, xf):
-            return backend.compute(state, xf)
+            def run(backend, state, dec, xf):
+                return backend.compute(state, xf)
 
-        run.compressed = True  # in the coloring's layout (see _evaluate_once)
-        return self._evaluate(run, x, call_args)
+            run.compressed = True  # in the coloring's layout (see _evaluate_once)
+            return self._evaluate(run, x, call_args)
 
-    @unhooked
     def values(self, x: torch.Tensor, *args, out: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         """Only the stored values (CSR order of :attr:`pattern`): for solvers that keep a fixed structure.
 
@@ -699,18 +708,19 @@ class _SparseOperator:
         require grad, call without ``out`` or under ``torch.no_grad()``. (``out`` is asd's keyword: an
         ``out`` argument of ``f`` itself can only be given at preparation, ``kwargs=``.)
         """
-        if out is not None:
-            x = self._check(x)  # x's errors before out's
-            self._check_out_values(out)
-        vals = self._steady_values(x) if not args and not kwargs else None
-        if vals is None:
-            vals = self._values(self._check(x), args, kwargs)
-        if out is None:
-            return vals
-        if vals.requires_grad and torch.is_grad_enabled():
-            raise InputError(f"out= cannot hold values that record gradients (x or a parameter of f requires grad): "
-                             f"call {self._what} without out=, or under torch.no_grad()")
-        return out.copy_(vals)
+        with unhooked():
+            if out is not None:
+                x = self._check(x)  # x's errors before out's
+                self._check_out_values(out)
+            vals = self._steady_values(x) if not args and not kwargs else None
+            if vals is None:
+                vals = self._values(self._check(x), args, kwargs)
+            if out is None:
+                return vals
+            if vals.requires_grad and torch.is_grad_enabled():
+                raise InputError(f"out= cannot hold values that record gradients (x or a parameter of f requires grad): "
+                                 f"call {self._what} without out=, or under torch.no_grad()")
+            return out.copy_(vals)
 
     def _values(self, x: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
         call_args, changed = self._call_with(args, kwargs)
@@ -816,7 +826,6 @@ class _SparseOperator:
                              "this operator (its crow and column indices must be the pattern's)")
         return out.values()
 
-    @unhooked
     def check(self, x: torch.Tensor, values: torch.Tensor | None = None, *, args: tuple = (),
               kwargs: dict | None = None) -> CheckReport:
         """Probe the derivative at ``x`` with one product of the other AD mode (see :mod:`asd.checks`).
@@ -825,9 +834,10 @@ class _SparseOperator:
         derivative disagrees with the matrix-free product beyond rounding (a pattern that does not
         hold at ``x``, a function changed since preparation, or a wrong AD formula in PyTorch).
         """
-        x = self._check(x)
-        call_args, _ = self._call_with(args, kwargs or {})
-        return self._probe(x, values, call_args)
+        with unhooked():
+            x = self._check(x)
+            call_args, _ = self._call_with(args, kwargs or {})
+            return self._probe(x, values, call_args)
 
     def _probe(self, x, values, call_args) -> CheckReport:
         if values is None:
@@ -994,53 +1004,53 @@ class SparseJacobian(_SparseOperator):
         """Whether plain reverse mode being wrong leaves no evaluation: forward mode is wrong too."""
         return "forward" in self.unsafe
 
-    @unhooked
     def __init__(self, f: Callable, x: torch.Tensor, *, mode: str = "auto", coloring: str | None = None,
                  order: str = "natural", batch_size: int | None = None, compile: bool | str = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
                  check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None,
                  trace: bool | None = None):
-        from .detection import jacobian_pattern
+        with unhooked():
+            from .detection import jacobian_pattern
 
-        x = example_input(x)  # a numpy array as a tensor
-        self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
-                         kwargs=kwargs)
-        fx = self._bound(f)
-        check_choice("mode", mode, MODES)
-        if coloring is not None:
-            check_choice("coloring (of a Jacobian)", coloring, JACOBIAN_COLORINGS)
+            x = example_input(x)  # a numpy array as a tensor
+            self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
+                             kwargs=kwargs)
+            fx = self._bound(f)
+            check_choice("mode", mode, MODES)
+            if coloring is not None:
+                check_choice("coloring (of a Jacobian)", coloring, JACOBIAN_COLORINGS)
 
-        def conform(P: SparsityPattern) -> SparsityPattern:
-            if P.shape[1] != x.numel():
-                raise InputError(f"the given pattern has {P.shape[1]} columns but x has {x.numel()} elements")
-            with torch.no_grad():
-                y = fx(x)
-            m = y.numel() if isinstance(y, torch.Tensor) else None
-            if m != P.shape[0]:
-                raise InputError(f"the given pattern has {P.shape[0]} rows but f(x) has "
-                                 f"{m if m is not None else 'no tensor'} elements")
-            return P.with_shapes(tuple(x.shape), tuple(y.shape))
+            def conform(P: SparsityPattern) -> SparsityPattern:
+                if P.shape[1] != x.numel():
+                    raise InputError(f"the given pattern has {P.shape[1]} columns but x has {x.numel()} elements")
+                with torch.no_grad():
+                    y = fx(x)
+                m = y.numel() if isinstance(y, torch.Tensor) else None
+                if m != P.shape[0]:
+                    raise InputError(f"the given pattern has {P.shape[0]} rows but f(x) has "
+                                     f"{m if m is not None else 'no tensor'} elements")
+                return P.with_shapes(tuple(x.shape), tuple(y.shape))
 
-        self._prepare_pattern(lambda: jacobian_pattern(fx, x, local=local, strict=strict, return_info=True), pattern,
-                              conform)
-        problem = coloring or {"forward": "column", "reverse": "row"}.get(mode)
-        explicit = problem is not None
-        if problem is None and "forward" in self.unsafe:
-            problem = "row"
-        elif problem is None and "batched_reverse" in self.unsafe:
-            problem = "column"
-        result = self._choose_coloring(lambda: choose_jacobian(self.pattern, problem, order,
-                                                               prefer="column" if compile else "row"))
-        _warn_if_dense(result, self.pattern)
-        self._order = order
-        self._trust_arg_values = check is False and not checks_forced()
-        check = _check_option(check, default=self._default_check(local))
-        self._setup(self._flat(f), result, x, backend, batch_size, compile, check, trace, explicit=explicit)
-        loop = AutogradLoop()
-        # reverse mode only: forward-mode AD runs Python reference kernels that import
-        # torch._dynamo themselves
-        if backend is None and not compile and _torch_func_cold() and "forward" not in loop.ad_modes(self.coloring):
-            self._start_warmup(loop, limit=1)  # the same AD mode, without torch.func
+            self._prepare_pattern(lambda: jacobian_pattern(fx, x, local=local, strict=strict, return_info=True), pattern,
+                                  conform)
+            problem = coloring or {"forward": "column", "reverse": "row"}.get(mode)
+            explicit = problem is not None
+            if problem is None and "forward" in self.unsafe:
+                problem = "row"
+            elif problem is None and "batched_reverse" in self.unsafe:
+                problem = "column"
+            result = self._choose_coloring(lambda: choose_jacobian(self.pattern, problem, order,
+                                                                   prefer="column" if compile else "row"))
+            _warn_if_dense(result, self.pattern)
+            self._order = order
+            self._trust_arg_values = check is False and not checks_forced()
+            check = _check_option(check, default=self._default_check(local))
+            self._setup(self._flat(f), result, x, backend, batch_size, compile, check, trace, explicit=explicit)
+            loop = AutogradLoop()
+            # reverse mode only: forward-mode AD runs Python reference kernels that import
+            # torch._dynamo themselves
+            if backend is None and not compile and _torch_func_cold() and "forward" not in loop.ad_modes(self.coloring):
+                self._start_warmup(loop, limit=1)  # the same AD mode, without torch.func
 
     def _flat(self, f: Callable) -> Callable:
         return flatten_function(self._bound(f), self.shape)
@@ -1135,55 +1145,55 @@ class SparseHessian(_SparseOperator):
         """Every Hessian-vector product differentiates a gradient: plain reverse mode is needed."""
         return True
 
-    @unhooked
     def __init__(self, f: Callable, x: torch.Tensor, *, coloring: str | None = None, order: str = "natural",
                  hvp: str = "auto", batch_size: int | None = None, compile: bool | str = False,
                  local: bool = False, strict: bool = False, pattern=None, backend: Backend | None = None,
                  check: bool | str | None = None, args: tuple = (), kwargs: dict | None = None,
                  trace: bool | None = None, reuse: bool = True):
-        from .coloring import symmetric_pattern
-        from .detection import hessian_pattern
+        with unhooked():
+            from .coloring import symmetric_pattern
+            from .detection import hessian_pattern
 
-        x = example_input(x)  # a numpy array as a tensor
-        self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
-                         kwargs=kwargs)
-        fx = self._bound(f)
-        reuse = check_bool("reuse", reuse)
-        if coloring is not None:
-            check_choice("coloring (of a Hessian)", coloring, HESSIAN_COLORINGS)
-        check_choice("hvp", hvp, HVP_MODES)
-        def conform(P: SparsityPattern) -> SparsityPattern:
-            if P.shape != (x.numel(), x.numel()):
-                raise InputError(f"a Hessian pattern must be ({x.numel()}, {x.numel()}), got {P.shape}")
-            return symmetric_pattern(P).with_shapes(tuple(x.shape), tuple(x.shape))
+            x = example_input(x)  # a numpy array as a tensor
+            self._bind_input(f, x, batch_size=batch_size, compile=compile, local=local, strict=strict, args=args,
+                             kwargs=kwargs)
+            fx = self._bound(f)
+            reuse = check_bool("reuse", reuse)
+            if coloring is not None:
+                check_choice("coloring (of a Hessian)", coloring, HESSIAN_COLORINGS)
+            check_choice("hvp", hvp, HVP_MODES)
+            def conform(P: SparsityPattern) -> SparsityPattern:
+                if P.shape != (x.numel(), x.numel()):
+                    raise InputError(f"a Hessian pattern must be ({x.numel()}, {x.numel()}), got {P.shape}")
+                return symmetric_pattern(P).with_shapes(tuple(x.shape), tuple(x.shape))
 
-        self._prepare_pattern(lambda: hessian_pattern(fx, x, local=local, strict=strict, return_info=True), pattern,
-                              conform)
-        # off the CPU, substitution runs level by level: worth it only for shallow trees
-        one_call = not reuse and self.trace_info is not None
-        # float64 arithmetic throughout: x's dtype, and no coarser one inside f (f computing in float32
-        # on a float64 x has float32's rounding in its products, which substitution would accumulate)
-        exact = x.dtype == torch.float64 and not (self.trace_info is not None
-                                                  and self.trace_info.computes_coarser_than(torch.float64))
-        result = self._choose_coloring(lambda: choose_hessian(
-            self.pattern, coloring, order, exact_arithmetic=exact,
-            max_levels=None if x.device.type == "cpu" else MAX_GPU_SUBSTITUTION_LEVELS,
-            one_call_elements=self.trace_info.elements if one_call else None))
-        _warn_if_dense(result, self.pattern)
-        explicit = hvp != "auto"
-        self._hvp = "forward_over_reverse" if hvp == "auto" else hvp
-        self._g = self._flat(f)
-        self._compile = compile
-        self._trust_arg_values = check is False and not checks_forced()
-        # substitution's rounding is screened at every call unless check=False;
-        # an operator that chose acyclic itself may choose again (star), with what _setup needs
-        self._screening = check is not False or checks_forced()
-        self._rechoose = (order, batch_size, trace, explicit) if coloring is None and backend is None else None
-        check = _check_option(check, default=self._default_check(local))
-        self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[self._hvp],
-                    explicit=explicit)
-        if not explicit and backend is None and not compile:
-            self._default_warmup(x)
+            self._prepare_pattern(lambda: hessian_pattern(fx, x, local=local, strict=strict, return_info=True), pattern,
+                                  conform)
+            # off the CPU, substitution runs level by level: worth it only for shallow trees
+            one_call = not reuse and self.trace_info is not None
+            # float64 arithmetic throughout: x's dtype, and no coarser one inside f (f computing in float32
+            # on a float64 x has float32's rounding in its products, which substitution would accumulate)
+            exact = x.dtype == torch.float64 and not (self.trace_info is not None
+                                                      and self.trace_info.computes_coarser_than(torch.float64))
+            result = self._choose_coloring(lambda: choose_hessian(
+                self.pattern, coloring, order, exact_arithmetic=exact,
+                max_levels=None if x.device.type == "cpu" else MAX_GPU_SUBSTITUTION_LEVELS,
+                one_call_elements=self.trace_info.elements if one_call else None))
+            _warn_if_dense(result, self.pattern)
+            explicit = hvp != "auto"
+            self._hvp = "forward_over_reverse" if hvp == "auto" else hvp
+            self._g = self._flat(f)
+            self._compile = compile
+            self._trust_arg_values = check is False and not checks_forced()
+            # substitution's rounding is screened at every call unless check=False;
+            # an operator that chose acyclic itself may choose again (star), with what _setup needs
+            self._screening = check is not False or checks_forced()
+            self._rechoose = (order, batch_size, trace, explicit) if coloring is None and backend is None else None
+            check = _check_option(check, default=self._default_check(local))
+            self._setup(self._g, result, x, backend, batch_size, compile, check, trace, hvp=HVP_BACKENDS[self._hvp],
+                        explicit=explicit)
+            if not explicit and backend is None and not compile:
+                self._default_warmup(x)
 
     def _default_warmup(self, x: torch.Tensor) -> None:
         if x.device.type == "cpu" and 0 < self.ncolors <= LOOP_MAX_COLORS:
@@ -1237,17 +1247,17 @@ class SparseHessian(_SparseOperator):
         backend = getattr(self, "backend", None)
         return _HVP_NAMES.get(type(getattr(backend, "inner", backend)), self._hvp)
 
-    @unhooked
     def value_grad_hessian(self, x: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(f(x), grad f(x), Hessian)``: from one batched forward-over-reverse evaluation when that
         is the operator's strategy, otherwise the Hessian and one gradient evaluation.
 
         The gradient has ``x``'s shape; the Hessian is ``torch.sparse_csr``.
         """
-        x = self._check(x)
-        call_args, changed = self._call_with(args, kwargs)
-        with EVAL_LOCK:  # the strategy read here is the one evaluated: another thread's call may recolor
-            return self._value_grad_hessian(x, call_args, changed, args, kwargs)
+        with unhooked():
+            x = self._check(x)
+            call_args, changed = self._call_with(args, kwargs)
+            with EVAL_LOCK:  # the strategy read here is the one evaluated: another thread's call may recolor
+                return self._value_grad_hessian(x, call_args, changed, args, kwargs)
 
     def _value_grad_hessian(self, x, call_args, changed: bool, args, kwargs):
         one_pass = (self._settled and self.ncolors > 0 and not self._warming(x)

@@ -183,7 +183,8 @@ class Decompressor:
         screens no call (``check=False``) leaves it out.
     """
 
-    def __init__(self, coloring, device: torch.device | str, *, bounds: bool = True):
+    def __init__(self, coloring, device: torch.device | str, *, bounds: bool = True,
+                 arithmetic: torch.dtype | None = None):
         self.device = torch.device(device)
         self.shape = tuple(coloring.shape)
         self.plan = coloring.plan
@@ -196,6 +197,9 @@ class Decompressor:
         # a long elimination tree has tens of thousands of levels
         self.index = prepared(self.plan, self.device).index if isinstance(self.plan, DirectPlan) else None
         self.bounds = bounds
+        #: the least precise dtype the products were computed in, where coarser than the values'
+        #: (``f`` computing in float32 on a float64 input): substitution's rounding is bounded at its eps
+        self.arithmetic = arithmetic
         self._excess_args: dict = {}
         self._judged: tuple | None = None
 
@@ -218,7 +222,7 @@ class Decompressor:
 
             args = self._excess_args.get(flat.dtype)
             if args is None:
-                args = self._excess_args[flat.dtype] = excess_arguments(self._pattern, flat.dtype)
+                args = self._excess_args[flat.dtype] = excess_arguments(self._pattern, flat.dtype, self.arithmetic)
             out, excess = substitute_screened(flat.detach().numpy(), self.plan, *args)
             vals = torch.from_numpy(out)
             # the bound of the walk that solved these values: theirs while they are this very tensor,
@@ -237,7 +241,7 @@ class Decompressor:
         judged = self._judged
         if judged is not None and judged[0]() is values and values._version == judged[1]:
             return judged[2]
-        return substitution_excess(self.plan, self._pattern, values)
+        return substitution_excess(self.plan, self._pattern, values, self.arithmetic)
 
     def csr(self, values: torch.Tensor) -> torch.Tensor:
         """A ``torch.sparse_csr`` tensor with this pattern and ``values``."""

@@ -26,28 +26,41 @@ from .plans import SubstitutionPlan
 __all__ = ["excess_arguments", "substitution_excess", "warn_lost_precision", "judge_substitution"]
 
 
-def excess_arguments(pattern, dtype: torch.dtype) -> tuple:
+def excess_arguments(pattern, dtype: torch.dtype, arithmetic: torch.dtype | None = None) -> tuple:
     """What :func:`~asd.decompression._substitution_kernels.rounding_excess` reads beside the plan
     and the values: the pattern's row pointers, column indices and the row of every entry (int64),
     ``eps`` of ``dtype``, the tolerance of a row at that ``eps`` and the power of the floor of a
-    row's scale."""
+    row's scale (``eps ** power`` of the largest).
+
+    ``arithmetic``: the least precise dtype ``f`` computes in, where coarser than ``dtype``. The
+    products then carry its rounding, and so do the entries of a direct decompression: the bound
+    and the tolerance are taken at its ``eps``, as good as ``f`` allows. The floor stays that of
+    ``dtype``: a row far below the largest keeps its own digits in a direct decompression, where
+    substitution may feed it the rounding of a large row."""
     from ..checks import ROW_FLOOR_POWER, tolerance_of
 
     eps = float(torch.finfo(dtype).eps)
+    power = ROW_FLOOR_POWER
+    coarse = float(torch.finfo(arithmetic).eps) if arithmetic is not None else eps
+    if coarse > eps:
+        power = ROW_FLOOR_POWER * np.log(eps) / np.log(coarse)  # coarse ** power == eps ** ROW_FLOOR_POWER
+        eps = coarse
     return (np.asarray(pattern.indptr, dtype=np.int64), np.asarray(pattern.indices, dtype=np.int64),
-            np.asarray(pattern.rows, dtype=np.int64), eps, tolerance_of(eps), ROW_FLOOR_POWER)
+            np.asarray(pattern.rows, dtype=np.int64), eps, tolerance_of(eps), float(power))
 
 
-def substitution_excess(plan: SubstitutionPlan, pattern, values: torch.Tensor) -> float:
+def substitution_excess(plan: SubstitutionPlan, pattern, values: torch.Tensor,
+                        arithmetic: torch.dtype | None = None) -> float:
     """The largest ratio, over the stored entries, of substitution's rounding bound to the error
-    the probe accepts in the entry's rows (``10 sqrt(eps)`` of their scale): above 1, some entries
-    may be wrong beyond what a check tolerates (at most 1 where none may be; entries that are not
-    finite are the probe's)."""
+    the probe accepts in the entry's rows (``10 sqrt(eps)`` of their scale, ``eps`` that of the
+    values' dtype or of the coarser ``arithmetic`` of ``f``): above 1, some entries may be wrong
+    beyond what a check tolerates (at most 1 where none may be; entries that are not finite are the
+    probe's)."""
     from ._substitution_kernels import rounding_excess
 
     if not values.is_floating_point() or values.numel() == 0 or values.device.type == "meta":
         return 0.0  # no values to judge (the meta device checks shapes only)
-    indptr, indices, rows, eps, tol, power = excess_arguments(pattern, values.dtype)
+    indptr, indices, rows, eps, tol, power = excess_arguments(pattern, values.dtype, arithmetic)
     worst = 0.0
     for v in primal_rows(values, len(indices)):
         v = np.ascontiguousarray(v.to("cpu", torch.float64).numpy())

@@ -617,12 +617,15 @@ _OPERAND_TYPES = frozenset({"Tensor", "number"})
 #: of the input's shape (``clone`` without a memory format: the identity)
 _PERMUTING = frozenset({aten.roll.default, aten.flip.default, aten.clone.default})
 _STACK = aten.stack.default
+_VIEW = aten.view.default
+_UNBIND = aten.unbind.int
 
 
 def _permutation_rows(key: tuple, func, rest: tuple) -> np.ndarray | None:
     """Row ``i`` of the output of ``func(x, *rest)`` copies element ``rows[i]`` of ``x`` (row-major),
     for ``x`` of shape ``key[1]``: the op run once on element ids (``None`` if it raises there), kept
-    in the movement rule's memo."""
+    in the movement rule's memo; :data:`_UNMOVED` where every element stays where it is (``clone``,
+    a roll by a multiple of the size): the output's sets are then the input's."""
     key = ("permuting", *key)
     hit = movement_memo.remembered(key)
     if hit is not None:
@@ -639,8 +642,14 @@ def _permutation_rows(key: tuple, func, rest: tuple) -> np.ndarray | None:
     if tuple(out.shape) != shape:
         return None
     rows = out.reshape(-1).numpy().copy()
+    if np.array_equal(rows, np.arange(n)):
+        rows = _UNMOVED
     movement_memo.remember(key, [rows])
     return rows
+
+
+#: what :func:`_permutation_rows` answers for an op that leaves every element where it is
+_UNMOVED = np.zeros(0, dtype=np.int64)
 
 
 def clear_memos() -> None:
@@ -785,6 +794,11 @@ class TraceInfo:
         """Whether a traced op computed in a floating dtype less precise than ``dtype``."""
         eps = torch.finfo(dtype).eps
         return any(torch.finfo(d.to_real() if d.is_complex else d).eps > eps for d in self.float_dtypes)
+
+    def coarsest(self) -> torch.dtype | None:
+        """The least precise real floating dtype a traced op computed in (``None``: none seen)."""
+        reals = [d.to_real() if d.is_complex else d for d in self.float_dtypes]
+        return max(reals, key=lambda d: torch.finfo(d).eps, default=None)
 
 
 class Tracer:
@@ -933,6 +947,10 @@ class Tracer:
                     return out
             elif func is _STACK:
                 out = self._stacking(args)
+                if out is not None:
+                    return out
+            elif func is _VIEW or func is _UNBIND:
+                out = self._viewing(func, args)
                 if out is not None:
                     return out
         facts = op_facts(func)
@@ -1117,7 +1135,47 @@ class Tracer:
         self.ops_seen.add(func)
         out = torch.empty_strided(shape, _canonical_strides(shape), dtype=p.dtype, device="meta")
         s = sets_of(self, a)
-        return self.wrap(out, None if s is None else S.take_rows(s, rows))
+        if s is None or rows is _UNMOVED:
+            return self.wrap(out, s)
+        return self.wrap(out, S.take_rows(s, rows))
+
+    def _viewing(self, func, args: tuple):
+        """What :meth:`dispatch` returns for ``view`` (``reshape`` of a contiguous tensor) and
+        ``unbind`` along dim 0 of a contiguous real floating traced meta tensor under global
+        tracing: views of its storage whose elements are its own, in order (``view``) or in
+        consecutive blocks (``unbind``). ``None`` where the case does not apply (the general path,
+        whose movement rule finds the same element maps by running the op on element ids, then
+        runs)."""
+        a = args[0] if args else None
+        if type(a) is not TracedTensor or a._lazy is not None or a._component:
+            return None
+        p = a.primal
+        if (not p.is_meta or p.layout != torch.strided or not p.dtype.is_floating_point or not p.numel()
+                or p.stride() != _canonical_strides(p.shape)):
+            return None
+        if func is _VIEW:
+            if len(args) != 2 or type(args[1]) not in (list, tuple) or any(type(d) is not int for d in args[1]):
+                return None
+            outs = [p.view(args[1])]
+            ids = [None]
+        else:
+            if len(args) == 2 and args[1] not in (0, -p.dim()):
+                return None
+            if len(args) > 2 or p.dim() == 0:
+                return None
+            outs = list(p.unbind(0))
+            m = outs[0].numel() if outs else 0
+            ids = [np.arange(i * m, (i + 1) * m, dtype=np.int64) for i in range(len(outs))]
+        self.ops_seen.add(func)
+        views = []
+        for out, k in zip(outs, ids):
+            if k is None:  # every element where it was: the base's element map
+                view = TracedTensor(a._storage, out, a._idx, self.device)
+            else:
+                view = self._view(a, out, k)
+            view._detached = a._detached
+            views.append(view)
+        return views[0] if func is _VIEW else tuple(views)
 
     def _stacking(self, args: tuple) -> TracedTensor | None:
         """What :meth:`dispatch` returns for ``stack`` along dim 0 of contiguous traced meta tensors

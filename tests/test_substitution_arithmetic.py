@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -54,3 +55,24 @@ def test_acyclic_of_alike_entries_is_not_flagged(inner):
         H = op(x).to_dense()
     eps = torch.finfo(inner).eps
     torch.testing.assert_close(H, dense, rtol=0, atol=20 * eps * dense.abs().max())
+
+
+def test_asd_jax_explicit_acyclic_warns_where_float32_inside_f_reaches_small_rows():
+    jax = pytest.importorskip("jax", reason="asd.jax needs jax (pip install asd[jax])")
+    import jax.numpy as jnp
+
+    import asd.jax as aj
+
+    jax.config.update("jax_enable_x64", True)
+    c = jnp.full((N - 1,), 1e-4, dtype=jnp.float64).at[0].set(1e4).at[-1].set(1e4)
+
+    def f(x):
+        z = x.astype(jnp.float32)
+        return ((c.astype(jnp.float32) * z[:-1] * z[1:]).sum() + 0.5e-4 * (z * z).sum()).astype(jnp.float64)
+
+    x = jnp.linspace(-1, 1, N, dtype=jnp.float64) + 0.3
+    dense = np.asarray(jax.hessian(f)(x))
+    op = aj.prepare_hessian(f, x, coloring="acyclic")
+    with pytest.warns(asd.PrecisionWarning, match="coloring='star'"):
+        H = np.asarray(op(x).todense())
+    assert np.abs(H - dense).max() > 0.5e-4

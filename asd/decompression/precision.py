@@ -125,14 +125,14 @@ def warn_lost_precision(excess: float, *, switched: tuple[int, int] | None = Non
 
 def judge_substitution(plan: SubstitutionPlan, pattern, values: torch.Tensor, ncolors: int,
                        recolor: Callable[[], int] | None = None, *, stacklevel: int = 2,
-                       excess: float | None = None) -> bool:
-    """Judge substitution's rounding of ``values`` (:func:`substitution_excess`, or ``excess`` where
-    the decompression has bounded it already): beyond what a check tolerates, warn
-    (:func:`warn_lost_precision`) and, where the operator may color again, call ``recolor`` (it
-    sets up a star coloring and returns its number of colors). ``True`` where it did: the values
-    at hand come from the old coloring."""
+                       excess: float | None = None, arithmetic: torch.dtype | None = None) -> bool:
+    """Judge substitution's rounding of ``values`` (:func:`substitution_excess`, with the coarser
+    ``arithmetic`` of ``f`` where it has one, or ``excess`` where the decompression has bounded it
+    already): beyond what a check tolerates, warn (:func:`warn_lost_precision`) and, where the
+    operator may color again, call ``recolor`` (it sets up a star coloring and returns its number
+    of colors). ``True`` where it did: the values at hand come from the old coloring."""
     if excess is None:
-        excess = substitution_excess(plan, pattern, values)
+        excess = substitution_excess(plan, pattern, values, arithmetic)
     if excess <= 1.0:
         return False
     if recolor is None:

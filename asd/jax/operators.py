@@ -480,6 +480,10 @@ class SparseHessian(_SparseOperator):
         # parameters has float32's rounding in its products, which substitution would accumulate)
         eps64 = np.finfo(np.float64).eps
         exact = self.dtype == jnp.float64 and all(np.finfo(d).eps <= eps64 for d in f.float_dtypes)
+        # an explicit acyclic coloring on such an f: its rounding bounded at the coarsest dtype's eps
+        coarse = [d for d in f.float_dtypes if np.finfo(d).eps > np.finfo(self.dtype).eps]
+        self._arithmetic = (getattr(torch, np.finfo(max(coarse, key=lambda d: np.finfo(d).eps)).dtype.name)
+                            if coarse else None)
         result = choose_hessian(self.pattern, coloring, order, exact_arithmetic=exact,
                                 max_levels=MAX_SUBSTITUTION_LEVELS)
         self.timings["coloring"] = time.perf_counter() - t0
@@ -515,7 +519,8 @@ class SparseHessian(_SparseOperator):
             return self.ncolors
 
         switched = judge_substitution(self.coloring.plan, self.coloring.pattern, torch.from_numpy(np.array(values)),
-                                      self.ncolors, None if self._rechoose is None else recolor, stacklevel=4)
+                                      self.ncolors, None if self._rechoose is None else recolor, stacklevel=4,
+                                      arithmetic=self._arithmetic)
         return switched
 
     def value_grad_hessian(self, x):

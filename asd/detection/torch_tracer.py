@@ -1169,8 +1169,9 @@ class Tracer:
         self.ops_seen.add(func)
         views = []
         for out, k in zip(outs, ids):
-            if k is None:  # every element where it was: the base's element map
+            if k is None:  # every element where it was: the base's element map (and its rows taken)
                 view = TracedTensor(a._storage, out, a._idx, self.device)
+                view._sets_cache = a._sets_cache
             else:
                 view = self._view(a, out, k)
             view._detached = a._detached

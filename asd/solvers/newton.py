@@ -96,10 +96,14 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         does not stop the iteration. It so evaluates one Jacobian more than the steps it takes. A
         run that reaches ``maxiter`` (a multiple root, an inexact solver) or stagnates (no damped
         step reduces the residual: an ill-conditioned Jacobian at its rounding floor) counts as
-        converged on the residual alone, stagnation also with each row within the tolerance at
+        converged on the residual, stagnation also with each row within the tolerance at
         ``||J_i||_1 ||x||_inf`` (its rounding floor where intermediates are as large as the largest
-        unknown); a singular Jacobian where the residual is within tolerance (a double root) too.
-        The result's ``tol`` is the tolerance of the row furthest from its own.
+        unknown); a singular Jacobian where the residual is within tolerance (a double root) too;
+        each only where the residual has also fallen to ``sqrt(eps)`` of the initial one (or to 0):
+        a residual within the tolerance's floor only because ``f``'s values are small for its units
+        (a run stopped after a step or two, at a singular Jacobian at ``x0``, or stalled by a solver
+        that failed) is not a root. The result's ``tol`` is the tolerance of the row furthest from
+        its own.
     maxiter
         Maximum number of Newton steps.
     damping
@@ -174,6 +178,14 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
         return bool(float(dx.detach().abs().max()) <= math.sqrt(eps) * float(x.detach().abs().max()))
 
     history = [norm]
+
+    def fell(norm: float) -> bool:
+        """Whether the residual fell to ``sqrt(eps)`` of the initial one, or to 0: what a point the
+        default accepts without the step test (at ``maxiter``, stagnated, at a singular Jacobian)
+        must show besides a residual within tolerance, whose floor says nothing where ``f``'s values
+        are small for its units."""
+        return norm == 0.0 or norm <= math.sqrt(eps) * history[0]
+
     it = 0
     state, age = None, 0
     status = "maxiter" if math.isfinite(norm) else "diverged"  # f(x0) not finite: nothing to iterate from
@@ -194,7 +206,7 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                     Jk = Jx
                 step, info = solver.compute(state, -r.detach(), warn=False)
         except SingularMatrixError as exc:
-            if auto_tol and within(r, norm, x):  # no step to judge by: the residual alone (a double root)
+            if auto_tol and within(r, norm, x) and fell(norm):  # no step to judge by: the residual (a double root)
                 residual_only = True
                 break
             warnings.warn(f"asd.newton: singular Jacobian at iteration {it + 1} ({exc})", ConvergenceWarning,
@@ -249,8 +261,9 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
             break
     # the default stops early only on both tests; a run that ends at maxiter or stagnates (an
     # ill-conditioned Jacobian, a multiple root, an inexact linear solve) is judged by the residual
-    converged = stepped or residual_only or (status in ("maxiter", "stagnated") and within(r, norm, x)) or (
-        status == "stagnated" and auto_tol and within(r, norm, x, floor=True))
+    judged = not auto_tol or fell(norm)  # an explicit tol: the residual alone
+    converged = stepped or residual_only or (judged and status in ("maxiter", "stagnated") and within(r, norm, x)) or (
+        judged and status == "stagnated" and auto_tol and within(r, norm, x, floor=True))
     if converged:
         status = "converged"
     else:
@@ -262,6 +275,11 @@ def newton(f: Callable, x0, *, tol: float | None = None, maxiter: int = 50, damp
                             f"to {DIVERGING_FACTOR:.0e} times its smallest value"
                             if runaway else f"at iteration {it}: the residual is no longer finite"),
                "singular": f"at iteration {it}: singular Jacobian"}[status]
-        warnings.warn(f"asd.newton stopped {why} with ||f(x)||_inf = {norm:.3e} > tol = {tol:.1e}",
-                      ConvergenceWarning, stacklevel=2)
+        if status in ("maxiter", "stagnated") and not judged and within(r, norm, x, floor=status == "stagnated"):
+            said = (f"||f(x)||_inf = {norm:.3e}, within tol = {tol:.1e} but only {norm / history[0]:.1e} of the "
+                    f"initial residual {history[0]:.3e}, and no small Newton step confirms a root: f's values may be "
+                    "small for its units rather than x near a root (scale f, or pass tol=)")
+        else:
+            said = f"||f(x)||_inf = {norm:.3e} > tol = {tol:.1e}"
+        warnings.warn(f"asd.newton stopped {why} with {said}", ConvergenceWarning, stacklevel=2)
     return NewtonResult(x, converged, it, norm, history, J, status, tol)

@@ -59,9 +59,8 @@ def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _t(a, device) -> torch.Tensor:
-    # in memory PyTorch allocated (a clone on the CPU): numpy's cannot be cloned copy-on-write
-    t = torch.from_numpy(np.array(a, dtype=np.int64))
-    return t.clone() if torch.device(device).type == "cpu" else t.to(device)
+    # in memory PyTorch allocated (torch.tensor copies, once): numpy's cannot be cloned copy-on-write
+    return torch.tensor(a, dtype=torch.int64, device=device)
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import math
 import warnings
 
 import numpy as np
@@ -108,14 +109,19 @@ def _storage_less(t: torch.Tensor) -> bool:
     return False
 
 
-def warn_lost_precision(excess: float, *, switched: tuple[int, int] | None = None, stacklevel: int = 2) -> None:
+def warn_lost_precision(excess: float, *, switched: tuple[int, int] | None = None, stacklevel: int = 2,
+                        nonfinite: bool = False) -> None:
     """An :class:`asd.PrecisionWarning` for a :func:`substitution_excess` above 1: the operator
     decompresses with a star coloring from now on (``switched``: its number of colors and the
     acyclic one's), or it keeps the acyclic coloring it was given."""
     from ..errors import PrecisionWarning
 
-    said = (f"asd: substitution (the acyclic coloring) may have put rounding up to {excess:.3g} times what a check "
-            "tolerates into some Hessian entries at this x (a large entry feeds a chain of small ones); ")
+    if nonfinite:
+        said = ("asd: some Hessian entries at this x are NaN or infinite, and substitution (the acyclic coloring) "
+                "carries each into the entries solved from it, which may be finite; ")
+    else:
+        said = (f"asd: substitution (the acyclic coloring) may have put rounding up to {excess:.3g} times what a "
+                "check tolerates into some Hessian entries at this x (a large entry feeds a chain of small ones); ")
     if switched is None:
         said += "coloring='star' decompresses each entry directly"
     else:
@@ -133,10 +139,14 @@ def judge_substitution(plan: SubstitutionPlan, pattern, values: torch.Tensor, nc
     of colors). ``True`` where it did: the values at hand come from the old coloring."""
     if excess is None:
         excess = substitution_excess(plan, pattern, values, arithmetic)
-    if excess <= 1.0:
+    # a NaN or infinite entry (a NaN derivative at x) is spread by substitution into the entries solved
+    # from it, which direct decompression keeps finite (the sum: one pass, non-finite where any is)
+    nonfinite = (values.is_floating_point() and values.numel() > 0 and values.device.type != "meta"
+                 and not math.isfinite(float(primal_rows(values, len(pattern.indices)).sum())))
+    if excess <= 1.0 and not nonfinite:
         return False
     if recolor is None:
-        warn_lost_precision(excess, stacklevel=stacklevel + 1)
+        warn_lost_precision(excess, stacklevel=stacklevel + 1, nonfinite=nonfinite)
         return False
-    warn_lost_precision(excess, switched=(recolor(), ncolors), stacklevel=stacklevel + 1)
+    warn_lost_precision(excess, switched=(recolor(), ncolors), stacklevel=stacklevel + 1, nonfinite=nonfinite)
     return True

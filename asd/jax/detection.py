@@ -65,7 +65,7 @@ def trace(f: Callable, xs: tuple, selected: tuple, *, local: bool, strict: bool,
     sizes = [sum(int(np.size(leaf)) for leaf in leaves_of[i]) for i in selected]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     n = int(offsets[-1])
-    closed = jax.make_jaxpr(f)(*xs)
+    closed = jax.make_jaxpr(lambda *a: f(*a))(*xs)  # a fresh wrapper: not JAX's kept trace of f (stale globals)
     ins, col = [], {i: int(offsets[k]) for k, i in enumerate(selected)}
     for i, leaves in enumerate(leaves_of):
         for leaf in leaves:

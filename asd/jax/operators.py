@@ -50,7 +50,9 @@ def _frozen(f: Callable, x) -> tuple[Callable, object]:
     array changed in place, which JAX's constants may alias (both found by an adversarial review)."""
     from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-    closed, out_shape = jax.make_jaxpr(f, return_shape=True)(x)
+    # a fresh wrapper: JAX keeps its trace of a function object, which would hold a global or an
+    # attribute as it was at an earlier trace of f (a new operator of a changed f read the old one)
+    closed, out_shape = jax.make_jaxpr(lambda v: f(v), return_shape=True)(x)
     # numpy arrays are copied (an in-place change would reach the constant); JAX arrays are
     # immutable, and a copy would hold every captured array twice (device memory)
     consts = [np.copy(c, subok=True) if isinstance(c, np.ndarray) else c for c in closed.consts]
@@ -141,8 +143,18 @@ class _SparseOperator:
             A, absA = A.T, absA.T
         mine = A @ vv
         scale = absA @ np.abs(vv) + np.abs(ref)
-        # an entry that is not finite on either side is passed over: one AD mode's formula may fail
-        # (0 * inf) where the other's is finite, in the values (jax.jacrev's too) or in the product
+        # values of a substitution that are not finite where the independent product is: a NaN carried
+        # into entries the derivative has finite (a direct decompression's NaN is its AD mode's own,
+        # 0 * inf as jax.jacrev's, and passed over below)
+        lost = ~np.isfinite(mine) & np.isfinite(ref)
+        if lost.any() and isinstance(getattr(self.coloring, "plan", None), SubstitutionPlan):
+            row = int(np.flatnonzero(lost)[0])
+            raise CheckError(
+                f"{self._what} failed its check at this x: entry {row} of the values times a random vector is "
+                f"{mine[row]:.6g} where an independent product gives {ref[row]:.6g}: non-finite values (a NaN or "
+                "infinite derivative carried by substitution into other entries): try coloring='star'")
+        # an entry that is not finite in the product only is passed over: the product's AD mode may fail
+        # (0 * inf) where the values' is finite; one not finite on both sides has no finite line to compare
         keep = np.isfinite(ref) & np.isfinite(mine) & np.isfinite(scale)
         if not keep.any():
             return
@@ -479,11 +491,12 @@ class SparseHessian(_SparseOperator):
         # float64 throughout: x's dtype, and no coarser one inside f (a float32 model on float64
         # parameters has float32's rounding in its products, which substitution would accumulate)
         eps64 = np.finfo(np.float64).eps
-        exact = self.dtype == jnp.float64 and all(np.finfo(d).eps <= eps64 for d in f.float_dtypes)
+        # (jnp.finfo: numpy's refuses bfloat16 and the float8 types)
+        exact = self.dtype == jnp.float64 and all(jnp.finfo(d).eps <= eps64 for d in f.float_dtypes)
         # an explicit acyclic coloring on such an f: its rounding bounded at the coarsest dtype's eps
-        coarse = [d for d in f.float_dtypes if np.finfo(d).eps > np.finfo(self.dtype).eps]
-        self._arithmetic = (getattr(torch, np.finfo(max(coarse, key=lambda d: np.finfo(d).eps)).dtype.name)
-                            if coarse else None)
+        coarse = [d for d in f.float_dtypes if jnp.finfo(d).eps > jnp.finfo(self.dtype).eps]
+        coarsest = jnp.finfo(max(coarse, key=lambda d: jnp.finfo(d).eps)).dtype.name if coarse else None
+        self._arithmetic = getattr(torch, coarsest, torch.bfloat16) if coarsest else None
         result = choose_hessian(self.pattern, coloring, order, exact_arithmetic=exact,
                                 max_levels=MAX_SUBSTITUTION_LEVELS)
         self.timings["coloring"] = time.perf_counter() - t0

@@ -129,3 +129,25 @@ def test_asd_jax_hessian_of_an_f_computing_in_bfloat16_is_prepared():
     for coloring in (None, "star"):
         H = np.asarray(aj.prepare_hessian(f, x, coloring=coloring)(x).todense())
         np.testing.assert_allclose(H, np.asarray(jax.hessian(f)(x)), rtol=1e-2, atol=1e-2)
+
+
+def test_asd_jax_reduce_precision_counts_as_coarser_arithmetic():
+    # lax.reduce_precision to float32's bits on a float64 x: float32's rounding in the products, which
+    # the dtype scan missed (the default took acyclic and wiped out rows of 1e-4 beside rows of 1e4)
+    n = 10
+    c = jnp.full((n - 1,), 1e-4, dtype=jnp.float64).at[0].set(1e4).at[-1].set(1e4)
+
+    def rp(z):
+        return jax.lax.reduce_precision(z, exponent_bits=8, mantissa_bits=23)
+
+    def f(x):
+        z = rp(x)
+        return rp(rp(c * rp(z[:-1] * z[1:])).sum() + rp(0.5e-4 * (z * z)).sum())
+
+    x = jnp.linspace(-1, 1, n, dtype=jnp.float64) + 0.3
+    op = aj.prepare_hessian(f, x)
+    assert op.coloring.problem == "star"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", asd.PrecisionWarning)
+        H = np.asarray(op(x).todense())
+    np.testing.assert_allclose(H, np.asarray(jax.hessian(f)(x)), rtol=0, atol=1e-12)

@@ -77,6 +77,10 @@ def _float_dtypes(jaxpr) -> frozenset:
                 dt = getattr(getattr(v, "aval", None), "dtype", None)
                 if dt is not None and jnp.issubdtype(dt, jnp.inexact):
                     seen.add(np.dtype(dt))
+            if eqn.primitive.name == "reduce_precision":  # a float64 result rounded to fewer bits
+                bits = eqn.params.get("mantissa_bits")
+                narrower = [d for d in (jnp.float32, jnp.float16, jnp.bfloat16) if jnp.finfo(d).nmant >= (bits or 0)]
+                seen.add(np.dtype(min(narrower, key=lambda d: jnp.finfo(d).nmant) if narrower else jnp.bfloat16))
             for param in eqn.params.values():
                 for sub in (param if isinstance(param, (list, tuple)) else (param,)):
                     inner = getattr(sub, "jaxpr", sub)

@@ -76,3 +76,19 @@ def test_asd_jax_explicit_acyclic_warns_where_float32_inside_f_reaches_small_row
     with pytest.warns(asd.PrecisionWarning, match="coloring='star'"):
         H = np.asarray(op(x).todense())
     assert np.abs(H - dense).max() > 0.5e-4
+
+
+def test_finite_values_whose_sum_overflows_are_not_called_non_finite():
+    # float16 values whose total overflows: the non-finite screen summed them (a false warning)
+    torch.manual_seed(0)
+    x = torch.rand(500, dtype=torch.float16) + 0.5
+
+    def g(z):
+        return (10 * z ** 4).sum() + (50 * z[1:] * z[:-1]).sum() + (50 * z[2:] * z[:-2]).sum()
+
+    op = asd.prepare_hessian(g, x, coloring="acyclic")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        H = op(x)
+    assert torch.isfinite(H.values()).all() and float(H.values().float().sum()) > 65504
+    assert not any("NaN or infinite" in str(w.message) for w in caught)

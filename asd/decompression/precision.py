@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import math
 import warnings
 
 import numpy as np
@@ -27,13 +26,13 @@ from .plans import SubstitutionPlan
 __all__ = ["excess_arguments", "substitution_excess", "warn_lost_precision", "judge_substitution"]
 
 
-def excess_arguments(pattern, dtype: torch.dtype, arithmetic: torch.dtype | None = None) -> tuple:
+def excess_arguments(pattern, dtype: torch.dtype, arithmetic: torch.dtype | float | None = None) -> tuple:
     """What :func:`~asd.decompression._substitution_kernels.rounding_excess` reads beside the plan
     and the values: the pattern's row pointers, column indices and the row of every entry (int64),
     ``eps`` of ``dtype``, the tolerance of a row at that ``eps`` and the power of the floor of a
     row's scale (``eps ** power`` of the largest).
 
-    ``arithmetic``: the least precise dtype ``f`` computes in, where coarser than ``dtype``. The
+    ``arithmetic``: the least precise dtype ``f`` computes in (or its eps), where coarser than ``dtype``. The
     products then carry its rounding, and so do the entries of a direct decompression: the bound
     and the tolerance are taken at its ``eps``, as good as ``f`` allows. The floor stays that of
     ``dtype``: a row far below the largest keeps its own digits in a direct decompression, where
@@ -42,7 +41,8 @@ def excess_arguments(pattern, dtype: torch.dtype, arithmetic: torch.dtype | None
 
     eps = float(torch.finfo(dtype).eps)
     power = ROW_FLOOR_POWER
-    coarse = float(torch.finfo(arithmetic).eps) if arithmetic is not None else eps
+    coarse = (eps if arithmetic is None else float(arithmetic) if isinstance(arithmetic, float)
+              else float(torch.finfo(arithmetic).eps))
     if coarse > eps:
         power = ROW_FLOOR_POWER * np.log(eps) / np.log(coarse)  # coarse ** power == eps ** ROW_FLOOR_POWER
         eps = coarse
@@ -51,7 +51,7 @@ def excess_arguments(pattern, dtype: torch.dtype, arithmetic: torch.dtype | None
 
 
 def substitution_excess(plan: SubstitutionPlan, pattern, values: torch.Tensor,
-                        arithmetic: torch.dtype | None = None) -> float:
+                        arithmetic: torch.dtype | float | None = None) -> float:
     """The largest ratio, over the stored entries, of substitution's rounding bound to the error
     the probe accepts in the entry's rows (``10 sqrt(eps)`` of their scale, ``eps`` that of the
     values' dtype or of the coarser ``arithmetic`` of ``f``): above 1, some entries may be wrong
@@ -131,7 +131,7 @@ def warn_lost_precision(excess: float, *, switched: tuple[int, int] | None = Non
 
 def judge_substitution(plan: SubstitutionPlan, pattern, values: torch.Tensor, ncolors: int,
                        recolor: Callable[[], int] | None = None, *, stacklevel: int = 2,
-                       excess: float | None = None, arithmetic: torch.dtype | None = None) -> bool:
+                       excess: float | None = None, arithmetic: torch.dtype | float | None = None) -> bool:
     """Judge substitution's rounding of ``values`` (:func:`substitution_excess`, with the coarser
     ``arithmetic`` of ``f`` where it has one, or ``excess`` where the decompression has bounded it
     already): beyond what a check tolerates, warn (:func:`warn_lost_precision`) and, where the
@@ -140,9 +140,9 @@ def judge_substitution(plan: SubstitutionPlan, pattern, values: torch.Tensor, nc
     if excess is None:
         excess = substitution_excess(plan, pattern, values, arithmetic)
     # a NaN or infinite entry (a NaN derivative at x) is spread by substitution into the entries solved
-    # from it, which direct decompression keeps finite (the sum: one pass, non-finite where any is)
+    # from it, which direct decompression keeps finite (entry by entry: a sum of finite values may overflow)
     nonfinite = (values.is_floating_point() and values.numel() > 0 and values.device.type != "meta"
-                 and not math.isfinite(float(primal_rows(values, len(pattern.indices)).sum())))
+                 and not bool(torch.isfinite(primal_rows(values, len(pattern.indices))).all()))
     if excess <= 1.0 and not nonfinite:
         return False
     if recolor is None:

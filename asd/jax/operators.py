@@ -499,8 +499,8 @@ class SparseHessian(_SparseOperator):
         exact = self.dtype == jnp.float64 and all(jnp.finfo(d).eps <= eps64 for d in f.float_dtypes)
         # an explicit acyclic coloring on such an f: its rounding bounded at the coarsest dtype's eps
         coarse = [d for d in f.float_dtypes if jnp.finfo(d).eps > jnp.finfo(self.dtype).eps]
-        coarsest = jnp.finfo(max(coarse, key=lambda d: jnp.finfo(d).eps)).dtype.name if coarse else None
-        self._arithmetic = getattr(torch, coarsest, torch.bfloat16) if coarsest else None
+        # (its eps: JAX has float types torch has not, float4_e2m1fn among them)
+        self._arithmetic = float(max(jnp.finfo(d).eps for d in coarse)) if coarse else None
         result = choose_hessian(self.pattern, coloring, order, exact_arithmetic=exact,
                                 max_levels=MAX_SUBSTITUTION_LEVELS)
         self.timings["coloring"] = time.perf_counter() - t0

@@ -50,3 +50,14 @@ def test_with_check_false_the_values_follow_the_transform(mode):
     got = torch.func.jacrev(lambda q: op.values(x, q))(th)
     want = torch.func.jacfwd(lambda q: _dense_values(op, x, q))(th)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_detection_inside_a_transform_raises_a_clear_error():
+    # (an AttributeError of the traced stand-in before: the transform's layers wrap it)
+    torch.manual_seed(2)
+    x, th = (torch.randn(N, dtype=torch.float64) for _ in range(2))
+    asd.clear_cache()
+    with pytest.raises(asd.InputError, match="outside torch.func transforms"):
+        torch.func.grad(lambda q: asd.sparse_jacobian(f, x, args=(q,), cache=False).values().sum())(th)
+    with pytest.raises(asd.InputError, match="outside torch.func transforms"):
+        torch.vmap(lambda z: asd.jacobian_sparsity(lambda w: f(w, th), z).nnz)(torch.randn(2, N, dtype=torch.float64))

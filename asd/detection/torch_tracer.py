@@ -1547,7 +1547,13 @@ def custom_functions_of(out) -> frozenset:
 def traced_call(make: Callable[[], Tracer], run: Callable[[Tracer], Any]) -> tuple[Any, Tracer]:
     """``run(tracer)`` inside a fresh tracer from ``make()``; returns its output and the tracer.
     Where PyTorch read a traced tensor's memory (it has none), as a sparse constructor's invariant
-    check does, the call is traced again with :attr:`Tracer.sees_factories` set."""
+    check does, the call is traced again with :attr:`Tracer.sees_factories` set. Inside a
+    ``torch.func`` transform every op would pass the transform's layers, which wrap the traced
+    tensors: :class:`InputError` (an ``AttributeError`` of the wrapped stand-in before)."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        raise InputError("asd detects sparsity patterns outside torch.func transforms (vmap, grad, jacrev, jvp): "
+                         "prepare the operator outside, e.g. op = asd.prepare_jacobian(f, x, args=(q0,)), and call "
+                         "op.values(x, q) inside the transform (with check=False where its arguments vary)")
     for sees_factories in (False, True):
         tracer = make()
         tracer.sees_factories = sees_factories

@@ -4,6 +4,8 @@ check=False the values follow the transform (batched or differentiated over f's 
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -61,3 +63,17 @@ def test_detection_inside_a_transform_raises_a_clear_error():
         torch.func.grad(lambda q: asd.sparse_jacobian(f, x, args=(q,), cache=False).values().sum())(th)
     with pytest.raises(asd.InputError, match="outside torch.func transforms"):
         torch.vmap(lambda z: asd.jacobian_sparsity(lambda w: f(w, th), z).nnz)(torch.randn(2, N, dtype=torch.float64))
+
+
+def test_a_cache_hit_inside_a_transform_raises_a_clear_error():
+    # (a StalePatternWarning, a second preparation and then an error before: the probe validating a hit
+    # cannot run inside a transform)
+    torch.manual_seed(3)
+    x, th = (torch.randn(N, dtype=torch.float64) for _ in range(2))
+    g = lambda z: f(z, th)  # noqa: E731
+    asd.clear_cache()
+    asd.sparse_jacobian(g, x)  # the entry, prepared outside
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", asd.StalePatternWarning)
+        with pytest.raises(asd.InputError, match="prepare the operator outside"):
+            torch.vmap(lambda z: asd.sparse_jacobian(g, x).values() * z.sum())(torch.randn(3, N, dtype=torch.float64))

@@ -471,10 +471,7 @@ class _SparseOperator:
         """The least precise floating dtype ``f``'s traced ops computed in, where coarser than the
         operator's (``None`` otherwise, or where nothing was traced): the precision of the products."""
         info = self.trace_info
-        coarsest = None if info is None else info.coarsest()
-        if coarsest is None or torch.finfo(coarsest).eps <= torch.finfo(self.dtype).eps:
-            return None
-        return coarsest
+        return info.coarsest() if info is not None and info.computes_coarser_than(self.dtype) else None
 
     @property
     def strategy(self) -> str:

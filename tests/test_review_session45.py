@@ -151,3 +151,13 @@ def test_asd_jax_reduce_precision_counts_as_coarser_arithmetic():
         warnings.simplefilter("error", asd.PrecisionWarning)
         H = np.asarray(op(x).todense())
     np.testing.assert_allclose(H, np.asarray(jax.hessian(f)(x)), rtol=0, atol=1e-12)
+
+
+def test_asd_jax_reduce_precision_to_the_dtypes_own_bits_changes_nothing():
+    def f(x):
+        z = jax.lax.reduce_precision(x, exponent_bits=11, mantissa_bits=52)
+        return jnp.sum(z[1:] * z[:-1]) + jnp.sum(z ** 4)
+
+    x = jnp.linspace(0.2, 1.0, 12)
+    assert aj.prepare_hessian(f, x).coloring.problem == aj.prepare_hessian(lambda v: f(v) * 1.0, x).coloring.problem
+    assert aj.prepare_hessian(f, x).coloring.problem == "acyclic"

@@ -790,15 +790,15 @@ class TraceInfo:
     custom_functions: frozenset = frozenset()
     float_dtypes: frozenset = frozenset()
 
-    def computes_coarser_than(self, dtype: torch.dtype) -> bool:
-        """Whether a traced op computed in a floating dtype less precise than ``dtype``."""
-        eps = torch.finfo(dtype).eps
-        return any(torch.finfo(d.to_real() if d.is_complex else d).eps > eps for d in self.float_dtypes)
-
     def coarsest(self) -> torch.dtype | None:
         """The least precise real floating dtype a traced op computed in (``None``: none seen)."""
         reals = [d.to_real() if d.is_complex else d for d in self.float_dtypes]
         return max(reals, key=lambda d: torch.finfo(d).eps, default=None)
+
+    def computes_coarser_than(self, dtype: torch.dtype) -> bool:
+        """Whether a traced op computed in a floating dtype less precise than ``dtype``."""
+        coarsest = self.coarsest()
+        return coarsest is not None and torch.finfo(coarsest).eps > torch.finfo(dtype).eps
 
 
 class Tracer:

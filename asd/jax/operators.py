@@ -77,10 +77,13 @@ def _float_dtypes(jaxpr) -> frozenset:
                 dt = getattr(getattr(v, "aval", None), "dtype", None)
                 if dt is not None and jnp.issubdtype(dt, jnp.inexact):
                     seen.add(np.dtype(dt))
-            if eqn.primitive.name == "reduce_precision":  # a float64 result rounded to fewer bits
-                bits = eqn.params.get("mantissa_bits")
-                narrower = [d for d in (jnp.float32, jnp.float16, jnp.bfloat16) if jnp.finfo(d).nmant >= (bits or 0)]
-                seen.add(np.dtype(min(narrower, key=lambda d: jnp.finfo(d).nmant) if narrower else jnp.bfloat16))
+            bits = eqn.params.get("mantissa_bits", 0) if eqn.primitive.name == "reduce_precision" else None
+            if bits is not None and bits < jnp.finfo(eqn.outvars[0].aval.dtype).nmant:
+                # a result rounded to fewer bits than its dtype's: the known dtype of the most mantissa
+                # bits not above them, at least as coarse
+                known = (jnp.float32, jnp.float16, jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2)
+                within = [d for d in known if jnp.finfo(d).nmant <= bits]
+                seen.add(np.dtype(max(within, key=lambda d: jnp.finfo(d).nmant) if within else jnp.float8_e5m2))
             for param in eqn.params.values():
                 for sub in (param if isinstance(param, (list, tuple)) else (param,)):
                     inner = getattr(sub, "jaxpr", sub)

@@ -13,7 +13,7 @@ from .detection.jacobian import check_input
 from .cache import CACHE, cache_key
 from .errors import CheckError, InputError, StalePatternWarning
 from .checks import custom_function_hint
-from .backends.traced import under_transform
+from .backends.traced import inside_transform
 from .operators import SparseHessian, SparseJacobian, example_input
 from .options import check_bool
 
@@ -99,7 +99,7 @@ def _cached(kind: str, cls, f: Callable, x: torch.Tensor, options: dict, evaluat
         except CheckError:  # its first call failed its check: a later call prepares anew, without a stale warning
             CACHE.discard(key, op)
             raise
-    if under_transform(x):
+    if inside_transform(x):
         # a hit is validated by the probe, which cannot run inside a transform (nor can detection, for a miss)
         raise InputError(f"asd.sparse_{kind} validates a cached operator with products of its own, which cannot run "
                          "inside a torch.func transform (vmap, grad, jacrev, jvp): prepare the operator outside, e.g. "

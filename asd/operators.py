@@ -26,7 +26,8 @@ from .coloring.choose import choose_hessian, choose_jacobian
 from .coloring.result import BiColoring, ColumnColoring, RowColoring
 from .decompression.device import Decompressor, same_memory
 from .detection.jacobian import check_input
-from .backends.traced import CALLS_BEFORE_TRACING, GraphWritesInput, Tracing, _rng_state, _set_rng_state, default_device, under_transform
+from .backends.traced import (CALLS_BEFORE_TRACING, GraphWritesInput, Tracing, _rng_state, _set_rng_state, default_device,
+                              inside_transform, under_transform)
 from . import arg_values
 from .autograd_hooks import unhooked
 from .cache import ValueGuard, fingerprint
@@ -886,7 +887,7 @@ class _SparseOperator:
         return "first" if custom_function_hint(self.trace_info) else False
 
     def _verify(self, x: torch.Tensor, values: torch.Tensor, call_args=None) -> None:
-        if under_transform(x):
+        if inside_transform(x):
             # the probe draws random vectors and differentiates f again: vmap refuses the draws, and
             # the transforms' wrapped tensors meet the probe's own autograd calls
             raise InputError(f"{self._what} checks this call (check=True, or extra arguments that differ from the "

@@ -77,3 +77,44 @@ def test_a_cache_hit_inside_a_transform_raises_a_clear_error():
         warnings.simplefilter("error", asd.StalePatternWarning)
         with pytest.raises(asd.InputError, match="prepare the operator outside"):
             torch.vmap(lambda z: asd.sparse_jacobian(g, x).values() * z.sum())(torch.randn(3, N, dtype=torch.float64))
+
+
+def test_another_threads_forward_ad_level_refuses_no_call():
+    """Forward-mode AD's level is the process's: another thread's ``dual_level`` (asd's own
+    cross-mode check among them) made a cache hit, a checked call and a prepared call with a due
+    check raise ``InputError`` (eight threads of ``sparse_jacobian`` failed now and then)."""
+    import threading
+
+    import torch.autograd.forward_ad as fwAD
+
+    f = lambda x: torch.sin(x[1:]) * x[:-1]  # noqa: E731
+    x = torch.rand(50, dtype=torch.float64)
+    want = torch.func.jacfwd(f)(x)
+    asd.clear_cache()
+    asd.sparse_jacobian(f, x, mode="forward")
+    op = asd.prepare_jacobian(f, x, mode="forward", check=True)
+    calls = [lambda: asd.sparse_jacobian(f, x, mode="forward"),
+             lambda: asd.sparse_jacobian(f, x, mode="forward", check=True),
+             lambda: op(x)]
+    got = []
+
+    def work(call):
+        try:
+            got.append(call().to_dense())
+        except Exception as exc:  # noqa: BLE001
+            got.append(exc)
+
+    with fwAD.dual_level():
+        for call in calls:
+            t = threading.Thread(target=work, args=(call,))
+            t.start()
+            t.join()
+    assert len(got) == 3
+    for g in got:
+        assert isinstance(g, torch.Tensor), g
+        torch.testing.assert_close(g, want, rtol=1e-12, atol=1e-12)
+    # in this thread, x carrying a tangent is still refused
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.ones_like(x))
+        with pytest.raises(asd.InputError):
+            asd.sparse_jacobian(f, dual, mode="forward")

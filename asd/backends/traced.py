@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import AsdError
 
-__all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES", "under_transform"]
+__all__ = ["Tracing", "CALLS_BEFORE_TRACING", "MAX_MISSES", "under_transform", "inside_transform"]
 
 
 class _NoPythonNumbers(TorchDispatchMode):
@@ -238,6 +238,19 @@ def under_transform(x: torch.Tensor) -> bool:
     return (torch._C._functorch.peek_interpreter_stack() is not None
             or torch.autograd.forward_ad._current_level >= 0
             or torch._C._functorch.is_functorch_wrapped_tensor(x))
+
+
+def inside_transform(x: torch.Tensor) -> bool:
+    """Whether this thread's call certainly runs inside a ``torch.func`` transform or
+    differentiates ``x`` in forward mode: functorch's interpreter stack (the thread's own), a
+    wrapped ``x``, or an ``x`` that carries a tangent. Forward-mode AD's level is the process's
+    (another thread's ``dual_level`` - asd's own cross-mode check among them - sets it), so it
+    alone decides nothing here: :func:`under_transform` takes it as a reason to evaluate by the
+    transforms, never as one to refuse a call."""
+    return (torch._C._functorch.peek_interpreter_stack() is not None
+            or torch._C._functorch.is_functorch_wrapped_tensor(x)
+            or (torch.autograd.forward_ad._current_level >= 0
+                and torch.autograd.forward_ad.unpack_dual(x).tangent is not None))
 
 
 def _rng_state(x: torch.Tensor) -> tuple:

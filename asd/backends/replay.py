@@ -22,6 +22,7 @@ only where the recorded shapes promise a gain (:func:`_prospects`).
 
 from __future__ import annotations
 
+import copy
 import operator
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,10 @@ TIMING_ROUNDS = 5
 MIN_FOLDED_SHARE = 0.2
 #: the gather is pushed down when it keeps at most this share of the products
 MAX_GATHERED_SHARE = 0.75
+#: the folded graph is compiled as one Numba loop nest when its joined products hold at least this
+#: many elements (below, the ATen calls' cost is mostly their fixed cost, and a kernel's first
+#: compilation, about 0.15 s, would not pay off)
+FUSED_MIN_ELEMENTS = 1 << 14
 
 
 @dataclass(eq=False)
@@ -153,6 +158,35 @@ def _runner(spec, example: list) -> Callable:
     return run
 
 
+def _fused(spec, gm: torch.fx.GraphModule, run: Callable, inputs: list, notes: list) -> Callable | None:
+    """The folded graph ``gm`` (``spec``'s, as ATen calls) as one generated loop nest (:mod:`asd.backends.fused_loops`), a
+    function of ``(x, seeds)`` falling back on ``run`` (the same graph by ATen) where a call's inputs
+    are not laid out as the example's; ``None`` where the graph does not qualify or is smaller than
+    :data:`FUSED_MIN_ELEMENTS`."""
+    if spec.by_reference is None:
+        return None
+    from .fused_loops import fused_runner
+
+    nrun = len(spec.runtime)
+    constant = {nrun + i for i in range(len(spec.extras)) if i not in spec.by_reference}
+    try:
+        inner = fused_runner(_index_select(gm), spec.arguments(inputs), constant=constant,
+                             fallback=run.gm.forward, min_elements=FUSED_MIN_ELEMENTS)
+    except Exception as exc:  # noqa: BLE001 - an optimization (Numba failed to compile, say)
+        notes.append(f"fused: {type(exc).__name__}")
+        return None
+    if inner is None:
+        return None
+
+    def fused(x, seeds, _inner=inner, _runtime=spec.runtime, _extras=spec.extras):
+        both = (x, seeds)
+        return _inner(*[both[i] for i in _runtime], *_extras)
+
+    fused.variant = "fused"
+    fused.gm = run.gm
+    return fused
+
+
 def _with_tensor_meta(gm, args):
     from torch.fx.passes.shape_prop import ShapeProp
 
@@ -161,10 +195,10 @@ def _with_tensor_meta(gm, args):
     return gm
 
 
-def _prospects(gm: torch.fx.GraphModule, constant_inputs, owned) -> tuple[float, float]:
-    """``(folded share, gathered share)``: the share of the elements the graph computes that read
-    only constants, and the share of the products the final gather keeps (1 without one); read off
-    the recorded shapes without running anything."""
+def _prospects(gm: torch.fx.GraphModule, constant_inputs, owned) -> tuple[float, float, int]:
+    """``(folded share, gathered share, largest)``: the share of the elements the graph computes
+    that read only constants, the share of the products the final gather keeps (1 without one), and
+    the most elements one operation computes; read off the recorded shapes without running anything."""
     from torch.fx import Node
     from torch.utils._pytree import tree_flatten
 
@@ -173,7 +207,7 @@ def _prospects(gm: torch.fx.GraphModule, constant_inputs, owned) -> tuple[float,
     aten = torch.ops.aten
     owned_ids = {id(t) for t in owned}
     const: set = set()
-    folded = total = 0
+    folded = total = largest = 0
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     const.update(phs[i] for i in constant_inputs)
     for node in gm.graph.nodes:
@@ -189,6 +223,7 @@ def _prospects(gm: torch.fx.GraphModule, constant_inputs, owned) -> tuple[float,
             const.add(node)
             folded += 0 if view else numel
         total += 0 if view else numel
+        largest = max(largest, 0 if view else numel)
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
     while isinstance(out, Node) and out.op == "call_function" and out.target in (aten.reshape.default, aten.view.default):
         out = out.args[0]
@@ -198,7 +233,7 @@ def _prospects(gm: torch.fx.GraphModule, constant_inputs, owned) -> tuple[float,
         src, val = out.args[0].meta.get("val"), out.meta.get("val")
         if isinstance(src, torch.Tensor) and isinstance(val, torch.Tensor) and src.numel():
             gathered = val.numel() / src.numel()
-    return (folded / total if total else 0.0), gathered
+    return (folded / total if total else 0.0), gathered, largest
 
 
 def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor, *, constant_seeds: bool,
@@ -210,20 +245,21 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
     variants: dict[str, Callable] = {}
     notes: list[str] = []
     constants = [1] if constant_seeds else []
-    fold, push = False, False
+    fold, push, fuse = False, False, False
     if x.device.type == "cpu" and (constant_seeds or owned):
-        share, gathered = _prospects(gm, constants, owned)
+        share, gathered, largest = _prospects(gm, constants, owned)
         fold, push = share >= MIN_FOLDED_SHARE, gathered <= MAX_GATHERED_SHARE
-        if not (fold or push):
+        fuse = largest >= FUSED_MIN_ELEMENTS and x.dtype in (torch.float32, torch.float64)
+        if not (fold or push or fuse):
             notes.append(f"not specialized: {share:.0%} of the work folds, the gather keeps {gathered:.0%}")
-    if fold or push:
+    if fold or push or fuse:
         points = [x, nearby([x])[0]]
         with torch.no_grad():
             wants = [gm(p, seeds) for p in points]
         if not all(bool(torch.isfinite(w).all()) for w in wants if w.is_floating_point() or w.is_complex()):
-            fold = push = False  # NaN or inf at the check points would hide a wrong variant
+            fold = push = fuse = False  # NaN or inf at the check points would hide a wrong variant
             notes.append("not specialized: the products are not finite at the example")
-    if fold or push:
+    if fold or push or fuse:
         try:
             flat = functional(gm, [x, seeds])
             specs, more = candidates(flat, [x, seeds], constant_inputs=constants, owned=owned, push=push,
@@ -233,6 +269,8 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
             specs = []
             notes.append(f"not specialized: {type(exc).__name__}")
         for spec in specs:
+            # (the runner's passes rewrite the graph in place; the loop nest is written from the ATen one)
+            aten_gm = None if spec.pushed else torch.fx.GraphModule(spec.gm, copy.deepcopy(spec.gm.graph))
             try:
                 run = _runner(spec, spec.arguments([x, seeds]))
                 with torch.no_grad():
@@ -245,6 +283,16 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
                 variants[run.variant] = run
             else:
                 notes.append(f"{'pushed' if spec.pushed else 'folded'}: not the recorded graph's bits")
+                continue
+            if not spec.pushed and fuse:
+                fused = _fused(spec, aten_gm, run, [x, seeds], notes)
+                if fused is not None:
+                    with torch.no_grad():
+                        got = [fused(p, seeds) for p in points]
+                    if all(_same(a, b) for a, b in zip(got, wants)):
+                        variants[fused.variant] = fused
+                    else:
+                        notes.append("fused: not the recorded graph's bits")
     plain = reuse_buffers(gm)
     plain.variant = "recorded"
     reads = held_tensors(gm)

@@ -76,7 +76,8 @@ def _program_fn(program, dtype):
             elif kind == "scalar":
                 vals.append(a * s + s if i % 2 else s - a / s)
             elif a.dim() == 2 and a.shape == (4, 5):  # views of a computed (or input) value
-                vals.append(a.unsqueeze(0).expand(3, 4, 5) if j % 2 else a.t().unsqueeze(-1).squeeze(-1).t())
+                vals.append([a.unsqueeze(0).expand(3, 4, 5), a.t().unsqueeze(-1).squeeze(-1).t(),
+                             torch.stack([a, -a], 1).unbind(1)[j % 2], a[1:].select(0, 1).expand(4, 5)][j % 4])
             else:
                 vals.append(a.permute(0, 2, 1).transpose(1, 2) if a.dim() == 3 else a)
         p, q = (t.expand(3, 4, 5) if t.shape != (3, 4, 5) else t for t in vals[-2:])
@@ -141,6 +142,7 @@ def test_kernel_source_is_one_loop_nest_per_joined_part():
     lambda x, c: (x * c).to(torch.float32),
     lambda x, c: x.view(4, 5).t().reshape(20) * c.view(20),  # a reshape that moves elements
     lambda x, c: x[torch.tensor([3, 1])] * c[:2],
+    lambda x, c: torch.stack([x * c, c], 0).t() * 2,  # a join read along its joined dimension
 ])
 def test_graphs_the_loop_does_not_write_are_left_to_aten(body):
     x, c = torch.rand(20, dtype=torch.float64), torch.rand(20, dtype=torch.float64) + 1
@@ -221,6 +223,18 @@ def test_division_by_zero_gives_infinities_as_aten_does():
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
     assert torch.isinf(got).any()
+
+
+def test_zero_dimensional_inputs_and_the_default_device(monkeypatch):
+    x, c = torch.rand(64, dtype=torch.float64), torch.tensor(2.5, dtype=torch.float64)
+
+    def fn(x, c):
+        return torch.stack([x * c, x - c])
+
+    gm, run = _runner(fn, [x, c], {1})
+    with torch.device("meta"):  # the loops' result is on the CPU whatever the default device
+        got = run(x, c)
+    assert got.device.type == "cpu" and _same(got, fn(x, c))
 
 
 def test_float32_scalars_round_to_float32_as_aten_does():

@@ -194,6 +194,13 @@ class _Writer:
         """The index into a computed view's source that holds its element at ``index``."""
         t, args = node.target, node.args
         src = args[0]
+        if t is operator.getitem:  # an item of unbind: a select
+            if not (isinstance(src, Node) and src.target is aten.unbind.int):
+                raise _Unfusable("getitem")
+            dim = src.args[1] if len(src.args) > 1 else src.kwargs.get("dim", 0)
+            sshape = self._shape(src.args[0])
+            dim %= len(sshape)
+            return (*index[:dim], _Lin(args[1] % sshape[dim]), *index[dim:])
         sshape, shape = self._shape(src), self._shape(node)
         if t in _IDENTITY:
             return index
@@ -214,16 +221,9 @@ class _Writer:
             lead = len(shape) - len(sshape)
             return tuple(_Lin(0) if sshape[d] == 1 and shape[lead + d] != 1 else index[lead + d]
                          for d in range(len(sshape)))
-        if t is aten.select.int or (t is operator.getitem and src.target is aten.unbind.int):
-            if t is operator.getitem:
-                dim = src.args[1] if len(src.args) > 1 else src.kwargs.get("dim", 0)
-                k, src = args[1], src.args[0]
-                sshape = self._shape(src)
-            else:
-                dim, k = args[1], args[2]
-            dim %= len(sshape)
-            k = k % sshape[dim]
-            return (*index[:dim], _Lin(k), *index[dim:])
+        if t is aten.select.int:
+            dim = args[1] % len(sshape)
+            return (*index[:dim], _Lin(args[2] % sshape[dim]), *index[dim:])
         if t is aten.slice.Tensor:
             dim = (args[1] if len(args) > 1 else 0) % len(sshape)
             start = args[2] if len(args) > 2 else 0
@@ -284,6 +284,10 @@ class _Writer:
         elif t is aten.pow.Tensor_Scalar and node.args[1] == 2 and not isinstance(node.args[1], bool):
             a = self.value(node.args[0], self._broadcast(node.args[0], index, shape), memo)
             expr = f"{a} * {a}"
+        elif t in (aten.stack.default, aten.cat.default):  # read at a known position along the joined dimension
+            name = self.value(*self._joined_part(node, index), memo)
+            memo[key] = name
+            return name
         elif t is aten._to_copy.default:  # a copy of the same dtype on the CPU: the same values
             src, val = node.args[0], self.values[node]
             sval = self.values.get(src)
@@ -309,6 +313,27 @@ class _Writer:
         memo[key] = name = f"t{len(memo)}"
         self._emit(f"{name} = {expr}")
         return name
+
+    def _joined_part(self, node: Node, index: tuple) -> tuple:
+        """``(part, index into it)`` of a ``stack``/``cat`` read at ``index``, whose position along
+        the joined dimension must be a constant (a part chosen per element is left to ATen)."""
+        parts = node.args[0]
+        nd = len(self._shape(node))
+        dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % nd
+        at = index[dim]
+        if at.terms:
+            raise _Unfusable("a join read along its joined dimension")
+        if node.target is aten.stack.default:
+            return parts[at.const], (*index[:dim], *index[dim + 1:])
+        start = 0
+        for part in parts:
+            pshape = self._shape(part)
+            if len(pshape) != nd:
+                continue  # (an empty 1-D part)
+            if start <= at.const < start + pshape[dim]:
+                return part, (*index[:dim], _Lin(at.const - start), *index[dim + 1:])
+            start += pshape[dim]
+        raise _Unfusable("a join read out of its range")
 
     def _broadcast(self, operand, index: tuple, shape: tuple) -> tuple:
         if not isinstance(operand, Node):
@@ -645,7 +670,7 @@ def fused_runner(gm: GraphModule, example: list, *, constant: set, fallback: Cal
                     return fallback(*inputs)
                 t = t.detach()
             call[k] = t.numpy()
-        out = torch.empty(numel, dtype=dtype)
+        out = torch.empty(numel, dtype=dtype, device="cpu")  # (not the default device)
         kernel(*call, out.numpy())
         return out.view(shape)
 

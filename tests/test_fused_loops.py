@@ -352,3 +352,18 @@ def test_a_parameter_read_by_the_loop_is_read_at_each_call(monkeypatch):
     with torch.no_grad():
         w.mul_(3.0)
     torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x), rtol=1e-12, atol=1e-12)
+
+
+def test_no_variant_is_built_for_a_graph_the_loop_cannot_hold(monkeypatch):
+    """A graph whose work does not fold and whose operations (the Rosenbrock Hessian's
+    ``slice_backward``) no loop nest holds builds no variant: folding one costs up to a second."""
+    from asd.backends import specialize
+    from asd.problems import rosenbrock
+
+    built = []
+    real = specialize.candidates
+    monkeypatch.setattr(specialize, "candidates", lambda *a, **k: built.append(1) or real(*a, **k))
+    x = torch.rand(20000, dtype=torch.float64)
+    op = asd.prepare_hessian(rosenbrock, x, check=False)
+    r = _settled(op, x)
+    assert not built and set(r.timings) <= {"recorded"}, r.notes

@@ -48,7 +48,7 @@ from torch.fx import GraphModule, Node
 
 from .._fork import fork_safe
 
-__all__ = ["fused_runner", "kernel_source", "FUSED_DTYPES", "MAX_STATEMENTS", "MAX_KERNEL_FILES"]
+__all__ = ["fused_runner", "kernel_source", "KNOWN_TARGETS", "FUSED_DTYPES", "MAX_STATEMENTS", "MAX_KERNEL_FILES"]
 
 aten = torch.ops.aten
 
@@ -431,15 +431,19 @@ def _root(out: Node, values: dict) -> tuple:
     return node, gather
 
 
+#: the operations a loop nest may hold (each still subject to its conditions: dtypes, scalars, views)
+KNOWN_TARGETS = frozenset(set(_UNARY) | set(_BINARY) | _VIEW_OPS | _IDENTITY | {
+    aten.pow.Tensor_Scalar, aten._to_copy.default, aten.stack.default, aten.cat.default,
+    aten.index_select.default, operator.getitem})
+
+
 def _supported(gm: GraphModule) -> None:
     """Every operation of ``gm`` is one the loop writes (an operation it would skip, a write or a
     random draw that the result does not read, must not be skipped)."""
-    known = set(_UNARY) | set(_BINARY) | _VIEW_OPS | _IDENTITY | {
-        aten.pow.Tensor_Scalar, aten._to_copy.default, aten.stack.default, aten.cat.default, aten.index_select.default, operator.getitem}
     for node in gm.graph.nodes:
         if node.op in ("call_module", "call_method"):
             raise _Unfusable(node.op)
-        if node.op == "call_function" and node.target not in known:
+        if node.op == "call_function" and node.target not in KNOWN_TARGETS:
             raise _Unfusable(f"operation {node.target}")
 
 

@@ -196,9 +196,13 @@ def _with_tensor_meta(gm, args):
 
 
 def _prospects(gm: torch.fx.GraphModule, constant_inputs, owned) -> tuple[float, float, int]:
-    """``(folded share, gathered share, largest)``: the share of the elements the graph computes
-    that read only constants, the share of the products the final gather keeps (1 without one), and
-    the most elements one operation computes; read off the recorded shapes without running anything."""
+    """``(folded share, gathered share, fusible)``: the share of the elements the graph computes
+    that read only constants, the share of the products the final gather keeps (1 without one),
+    and, where every operation that reads more than constants is one a generated loop nest may
+    hold (:data:`~asd.backends.fused_loops.KNOWN_TARGETS`), the most elements one of them computes
+    (0 elsewhere); read off the recorded shapes without running anything."""
+    from .fused_loops import KNOWN_TARGETS
+
     from torch.fx import Node
     from torch.utils._pytree import tree_flatten
 
@@ -208,6 +212,7 @@ def _prospects(gm: torch.fx.GraphModule, constant_inputs, owned) -> tuple[float,
     owned_ids = {id(t) for t in owned}
     const: set = set()
     folded = total = largest = 0
+    fusible = True
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     const.update(phs[i] for i in constant_inputs)
     for node in gm.graph.nodes:
@@ -222,8 +227,10 @@ def _prospects(gm: torch.fx.GraphModule, constant_inputs, owned) -> tuple[float,
         if ins and all(a in const for a in ins):
             const.add(node)
             folded += 0 if view else numel
+        else:
+            fusible = fusible and (node.target in KNOWN_TARGETS or node.target is aten._unsafe_index.Tensor)
+            largest = max(largest, 0 if view else numel)
         total += 0 if view else numel
-        largest = max(largest, 0 if view else numel)
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
     while isinstance(out, Node) and out.op == "call_function" and out.target in (aten.reshape.default, aten.view.default):
         out = out.args[0]
@@ -233,7 +240,7 @@ def _prospects(gm: torch.fx.GraphModule, constant_inputs, owned) -> tuple[float,
         src, val = out.args[0].meta.get("val"), out.meta.get("val")
         if isinstance(src, torch.Tensor) and isinstance(val, torch.Tensor) and src.numel():
             gathered = val.numel() / src.numel()
-    return (folded / total if total else 0.0), gathered, largest
+    return (folded / total if total else 0.0), gathered, (largest if fusible else 0)
 
 
 def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor, *, constant_seeds: bool,
@@ -247,9 +254,9 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
     constants = [1] if constant_seeds else []
     fold, push, fuse = False, False, False
     if x.device.type == "cpu" and (constant_seeds or owned):
-        share, gathered, largest = _prospects(gm, constants, owned)
+        share, gathered, fusible = _prospects(gm, constants, owned)
         fold, push = share >= MIN_FOLDED_SHARE, gathered <= MAX_GATHERED_SHARE
-        fuse = largest >= FUSED_MIN_ELEMENTS and x.dtype in (torch.float32, torch.float64)
+        fuse = fusible >= FUSED_MIN_ELEMENTS and x.dtype in (torch.float32, torch.float64)
         if not (fold or push or fuse):
             notes.append(f"not specialized: {share:.0%} of the work folds, the gather keeps {gathered:.0%}")
     if fold or push or fuse:

@@ -280,6 +280,8 @@ def test_kernels_are_written_once_and_loaded_by_another_process(tmp_path, monkey
 
 def test_no_cache_dir_compiles_in_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("ASD_CACHE_DIR", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # (where the default folder would be)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setattr(fused_loops, "_KERNELS", {})
     monkeypatch.chdir(tmp_path)
     x = torch.rand(64, dtype=torch.float64)
@@ -349,8 +351,12 @@ def test_a_parameter_read_by_the_loop_is_read_at_each_call(monkeypatch):
     op = asd.prepare_jacobian(f, x, check=False)
     r = _settled(op, x)
     assert r.chosen == "fused", (r.timings, r.notes)
+    products = getattr(op.state, "fused", None) or op.state.products
     with torch.no_grad():
-        w.mul_(3.0)
+        w.mul_(3.0)  # in place
+        assert _same(r.fast(x, products.seeds), r.plain(x, products.seeds))
+        w.data = w.data * 0.5 + 1.0  # another storage under the same parameter
+        assert _same(r.fast(x, products.seeds), r.plain(x, products.seeds))
     torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x), rtol=1e-12, atol=1e-12)
 
 
@@ -367,3 +373,56 @@ def test_no_variant_is_built_for_a_graph_the_loop_cannot_hold(monkeypatch):
     op = asd.prepare_hessian(rosenbrock, x, check=False)
     r = _settled(op, x)
     assert not built and set(r.timings) <= {"recorded"}, r.notes
+
+
+def test_a_kernel_that_fails_at_its_first_call_costs_only_its_own_variant(monkeypatch):
+    """Numba compiles at a kernel's first call, the variant's check: its failure must leave the
+    other variants (and the replay) as they are, not disable the recording."""
+    _prefer_fused(monkeypatch)
+
+    def broken(source):
+        def kernel(*arrays):
+            raise TypeError("no kernel")
+        return kernel
+
+    monkeypatch.setattr(fused_loops, "_compile", broken)
+    f, x = brusselator(32), brusselator_input(32)
+    op = asd.prepare_jacobian(f, x, check=False)
+    r = _settled(op, x)
+    products = getattr(op.state, "fused", None) or op.state.products
+    assert r is not None and not products.tracing.disabled
+    assert "fused" not in r.timings and "folded" in r.timings, (r.timings, r.notes)
+    assert any(n.startswith("fused: TypeError") for n in r.notes), r.notes
+    torch.testing.assert_close(op(x).to_dense(), torch.func.jacfwd(f)(x), rtol=1e-12, atol=1e-12)
+
+
+def test_seeds_that_are_an_input_move_at_the_second_check_point(monkeypatch):
+    """Seeds the variants read at each call (not constants they fold) are moved at the second
+    check point as the point is: 0/1 rows would hide a variant reading the wrong ones."""
+    seen = []
+    real = replay._runner
+
+    def spy(spec, example):
+        run = real(spec, example)
+
+        def wrapped(x, s):
+            seen.append(s.clone())
+            return run(x, s)
+
+        wrapped.gm = run.gm
+        return wrapped
+
+    monkeypatch.setattr(replay, "_runner", spy)
+    n = 4096
+    idx = torch.arange(0, 3 * n, 2)
+
+    def g(x, s):
+        return torch.index_select((s * x + s).reshape(-1), 0, idx)
+
+    x = torch.rand(n, dtype=torch.float64)
+    s = (torch.rand(3, n, generator=torch.Generator().manual_seed(1)) < 0.5).double()
+    gm = make_fx(g)(x, s)
+    owned = tuple(t for t in replay.held_tensors(gm) if t.dtype == torch.int64)
+    replay.eager_replay(gm, x, s, constant_seeds=False, owned=owned)
+    assert len(seen) >= 2, "no variant was built"
+    assert torch.equal(seen[0], s) and not torch.equal(seen[1], s)

@@ -40,6 +40,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -58,6 +59,8 @@ FUSED_DTYPES = (torch.float32, torch.float64)
 MAX_STATEMENTS = 2000
 #: kernel sources kept in the on-disk folder (the oldest go first)
 MAX_KERNEL_FILES = 256
+#: kernels this process's memo keeps (the oldest go first)
+MAX_KERNELS = 128
 _LOCK = fork_safe(threading.Lock())
 #: kernels compiled or loaded in this process, by source hash
 _KERNELS: dict[str, Callable] = {}
@@ -557,11 +560,20 @@ def _kernel_dir() -> str | None:
 
 
 def _trim(folder: str) -> None:
+    """Keep the newest :data:`MAX_KERNEL_FILES` kernel sources (with Numba's cache files of each);
+    drop partial writes a crashed process left over an hour ago."""
     try:
-        files = sorted((e.stat().st_mtime, e.path) for e in os.scandir(folder)
-                       if e.is_file() and e.name.endswith(".py"))
+        entries = [(e.stat().st_mtime, e.path, e.name) for e in os.scandir(folder) if e.is_file()]
     except OSError:
         return
+    now = time.time()
+    for mtime, path, name in entries:
+        if name.endswith(".tmp") and now - mtime > 3600:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+    files = sorted((mtime, path) for mtime, path, name in entries if name.endswith(".py"))
     for _, path in files[:max(0, len(files) - MAX_KERNEL_FILES)]:
         stem = os.path.splitext(os.path.basename(path))[0]
         try:
@@ -597,7 +609,9 @@ def _compile(source: str) -> Callable:
             try:
                 os.makedirs(folder, exist_ok=True)
                 path = os.path.join(folder, f"k_{digest}.py")
-                if not _holds(path, source):
+                if _holds(path, source):
+                    os.utime(path)  # (used: the trimming keeps the most recently used)
+                else:
                     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
                     with os.fdopen(fd, "w") as fh:
                         fh.write(source)
@@ -617,6 +631,10 @@ def _compile(source: str) -> Callable:
             exec(compile(source, f"<asd fused {digest}>", "exec"), namespace)  # noqa: S102 - our own source
             kernel = njit(boundscheck=False, nogil=True, error_model="numpy")(namespace["kernel"])
         _KERNELS[digest] = kernel
+        while len(_KERNELS) > MAX_KERNELS:  # (an operator keeps its own kernel: this is only the memo)
+            old = next(iter(_KERNELS))
+            del _KERNELS[old]
+            sys.modules.pop(f"asd_fused_{old}", None)
         return kernel
 
 

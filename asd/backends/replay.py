@@ -172,7 +172,7 @@ def _fused(spec, gm: torch.fx.GraphModule, run: Callable, inputs: list, notes: l
     try:
         inner = fused_runner(_index_select(gm), spec.arguments(inputs), constant=constant,
                              fallback=run.gm.forward, min_elements=FUSED_MIN_ELEMENTS)
-    except Exception as exc:  # noqa: BLE001 - an optimization (Numba failed to compile, say)
+    except Exception as exc:  # noqa: BLE001 - an optimization (a kernel file that cannot be read, say)
         notes.append(f"fused: {type(exc).__name__}")
         return None
     if inner is None:
@@ -260,9 +260,11 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
         if not (fold or push or fuse):
             notes.append(f"not specialized: {share:.0%} of the work folds, the gather keeps {gathered:.0%}")
     if fold or push or fuse:
-        points = [x, nearby([x])[0]]
+        # (seeds that are an input of the variants, not constants they fold, move too: 0/1 rows
+        # would hide a variant that reads the wrong ones)
+        points = [(x, seeds), tuple(nearby([x, seeds], constants))]
         with torch.no_grad():
-            wants = [gm(p, seeds) for p in points]
+            wants = [gm(*p) for p in points]
         if not all(bool(torch.isfinite(w).all()) for w in wants if w.is_floating_point() or w.is_complex()):
             fold = push = fuse = False  # NaN or inf at the check points would hide a wrong variant
             notes.append("not specialized: the products are not finite at the example")
@@ -281,7 +283,7 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
             try:
                 run = _runner(spec, spec.arguments([x, seeds]))
                 with torch.no_grad():
-                    got = [run(p, seeds) for p in points]
+                    got = [run(*p) for p in points]
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"{'pushed' if spec.pushed else 'folded'}: {type(exc).__name__}")
                 continue
@@ -293,13 +295,18 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
                 continue
             if not spec.pushed and fuse:
                 fused = _fused(spec, aten_gm, run, [x, seeds], notes)
-                if fused is not None:
+                if fused is None:
+                    continue
+                try:  # (Numba compiles at this first call: its failure costs this variant only)
                     with torch.no_grad():
-                        got = [fused(p, seeds) for p in points]
-                    if all(_same(a, b) for a, b in zip(got, wants)):
-                        variants[fused.variant] = fused
-                    else:
-                        notes.append("fused: not the recorded graph's bits")
+                        got = [fused(*p) for p in points]
+                except Exception as exc:  # noqa: BLE001
+                    notes.append(f"fused: {type(exc).__name__}")
+                    continue
+                if all(_same(a, b) for a, b in zip(got, wants)):
+                    variants[fused.variant] = fused
+                else:
+                    notes.append("fused: not the recorded graph's bits")
     plain = reuse_buffers(gm)
     plain.variant = "recorded"
     reads = held_tensors(gm)

@@ -118,3 +118,24 @@ def test_another_threads_forward_ad_level_refuses_no_call():
         dual = fwAD.make_dual(x, torch.ones_like(x))
         with pytest.raises(asd.InputError):
             asd.sparse_jacobian(f, dual, mode="forward")
+
+
+def test_detection_inside_the_callers_dual_level_with_a_captured_dual_tensor():
+    """``f`` capturing a dual tensor, prepared inside the caller's ``dual_level``: detection's
+    stand-ins met the tangent and PyTorch crashed the process (SIGSEGV); detection now traces the
+    primal computation, and the values carry the tangent of the captured tensor."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, asd\n"
+        "import torch.autograd.forward_ad as fwAD\n"
+        "with fwAD.dual_level():\n"
+        "    cp = torch.rand(8, dtype=torch.float64)\n"
+        "    c = fwAD.make_dual(cp, torch.ones(8, dtype=torch.float64))\n"
+        "    op = asd.prepare_jacobian(lambda x: x * c, torch.rand(8, dtype=torch.float64))\n"
+        "    p, t = fwAD.unpack_dual(op.values(torch.rand(8, dtype=torch.float64)))\n"
+        "    assert op.pattern.nnz == 8 and torch.equal(p, cp) and torch.equal(t, torch.ones(8, dtype=torch.float64))\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr[-2000:])

@@ -426,3 +426,29 @@ def test_seeds_that_are_an_input_move_at_the_second_check_point(monkeypatch):
     replay.eager_replay(gm, x, s, constant_seeds=False, owned=owned)
     assert len(seen) >= 2, "no variant was built"
     assert torch.equal(seen[0], s) and not torch.equal(seen[1], s)
+
+
+def test_a_damaged_numba_cache_file_is_compiled_again(tmp_path, monkeypatch):
+    """A truncated cache file raised at the kernel's first call in every process that loaded it
+    (the variant lost for good); it is dropped and the kernel compiled again."""
+    monkeypatch.setenv("ASD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fused_loops, "_KERNELS", {})
+    x = torch.rand(64, dtype=torch.float64)
+
+    def fn(x):
+        return torch.stack([x * 0.314159, x + 2.0])
+
+    gm, run = _runner(fn, [x], set())
+    _bits_agree(gm, run, [x])
+    cache = tmp_path / "fused" / "__pycache__"
+    damaged = [cache / name for name in os.listdir(cache) if name.endswith(".nbc")]
+    assert damaged
+    for path in damaged:
+        path.write_bytes(path.read_bytes()[:100])
+    monkeypatch.setattr(fused_loops, "_KERNELS", {})  # as in another process
+    for name in [m for m in sys.modules if m.startswith("asd_fused_")]:
+        monkeypatch.delitem(sys.modules, name)
+    gm, run = _runner(fn, [x], set())
+    assert run is not None
+    _bits_agree(gm, run, [x])
+    assert all(path.stat().st_size > 100 for path in damaged if path.exists())

@@ -20,9 +20,12 @@ A graph qualifies when, up to views, it is
   index.
 
 Each operation of the loop is the graph's, in the graph's order, on the same operands, rounded
-once: the loop returns the graph's bits (square roots and transcendental functions, whose ATen
-kernels on this machine differ from the correctly rounded result by an ulp, are left to ATen). :func:`~asd.backends.replay.eager_replay` checks the bits
-all the same, as for every variant, and times it against the others.
+once: the loop returns the graph's bits, NaN's sign and payload aside (LLVM may turn ``x * -1``
+into a negation and swap the operands of ``+`` and ``*``, and x86 passes on the first operand's
+NaN). Square roots and transcendental functions, whose ATen kernels on this machine differ from
+the correctly rounded result by an ulp, are left to ATen.
+:func:`~asd.backends.replay.eager_replay` checks the bits all the same, as for every variant, and
+times the loop against the others.
 
 Compiled kernels are written to ``$ASD_CACHE_DIR/fused`` (beside the compiled graphs of
 :mod:`asd.backends.compile_cache`, named by a hash of their source) and cached there by Numba:
@@ -594,11 +597,34 @@ def _holds(path: str, source: str) -> bool:
         return False
 
 
+def _digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:24]
+
+
+def _forget(source: str) -> None:
+    """Drop ``source``'s kernel from the memo and Numba's cache files of it from the disk (a
+    truncated or foreign one raises at the first call, in every process that loads it)."""
+    digest = _digest(source)
+    with _LOCK:
+        _KERNELS.pop(digest, None)
+        sys.modules.pop(f"asd_fused_{digest}", None)
+        folder = _kernel_dir()
+        if folder is None:
+            return
+        try:
+            for e in os.scandir(os.path.join(folder, "__pycache__")):
+                if e.name.startswith(f"k_{digest}."):
+                    os.remove(e.path)
+        except OSError:
+            pass
+
+
 def _compile(source: str) -> Callable:
-    """The Numba kernel of ``source``: from this process's memo, Numba's on-disk cache or compiled."""
+    """The Numba kernel of ``source``: from this process's memo, Numba's on-disk cache or compiled
+    (Numba compiles, or loads, at the first call)."""
     from numba import njit
 
-    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    digest = _digest(source)
     with _LOCK:
         kernel = _KERNELS.get(digest)
         if kernel is not None:
@@ -675,9 +701,18 @@ def fused_runner(gm: GraphModule, example: list, *, constant: set, fallback: Cal
         reads.append((k, pos, held, tuple(v.shape)))
     if gather is not None:
         arrays.append(layout.positions(values[gather]).numpy())
-    kernel = _compile(source)
     dtype, numel, shape = rv.dtype, (values[gather].numel() if gather is not None else rv.numel()), tuple(out_val.shape)
     template = tuple(arrays)
+    first = list(template)
+    for k, pos, held, _ in reads:
+        first[k] = (example[pos] if pos is not None else held).detach().numpy()
+    kernel = _compile(source)
+    try:  # compiled or loaded here: a damaged cache file is dropped and the kernel compiled again
+        kernel(*first, torch.empty(numel, dtype=dtype).numpy())
+    except Exception:  # noqa: BLE001
+        _forget(source)
+        kernel = _compile(source)
+        kernel(*first, torch.empty(numel, dtype=dtype).numpy())
 
     def run(*inputs):
         grad = torch.is_grad_enabled()

@@ -1558,7 +1558,10 @@ def traced_call(make: Callable[[], Tracer], run: Callable[[Tracer], Any]) -> tup
         tracer = make()
         tracer.sees_factories = sees_factories
         try:
-            with tracer:
+            # forward-mode AD off in this thread: a dual tensor f captured (inside the caller's
+            # dual_level) would meet the traced stand-ins, which carry no tangent (a segfault in
+            # PyTorch); the pattern is that of the primal computation either way
+            with tracer, torch.autograd.forward_ad._set_fwd_grad_enabled(False):
                 out = run(tracer)
                 tracer.custom_functions = custom_functions_of(out)
         except RuntimeError as e:

@@ -577,7 +577,10 @@ class _SparseOperator:
                 # refused by the transform around this call (nested forward mode): values by another
                 # strategy for this call only (kept for the next such call), the operator's own for the
                 # calls outside it. (A compressed buffer is in its coloring's layout: not this way.)
-                this_call = under_transform(x) and not getattr(run, "compressed", False)
+                # Forward-mode AD's level is the process's: a nested-level error without a tangent or
+                # transform of this thread's came from another thread's dual_level, a passing clash
+                elsewhere = "Nested forward mode AD" in str(exc) and not inside_transform(x)
+                this_call = (under_transform(x) or elsewhere) and not getattr(run, "compressed", False)
                 for make in self._fallbacks():
                     coloring, backend = make()
                     if self._clash(coloring, backend) is not None:

@@ -139,3 +139,37 @@ def test_detection_inside_the_callers_dual_level_with_a_captured_dual_tensor():
         "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr[-2000:])
+
+
+def test_another_threads_dual_level_does_not_switch_the_strategy(monkeypatch):
+    """A forward-mode operator's products meet another thread's ``dual_level`` ("Nested forward
+    mode AD"): a passing clash, evaluated by another strategy for that call only. Where that level
+    had ended before the operator looked (here: ``under_transform`` answering False), it gave up
+    its strategy for good, with a warning."""
+    import threading
+
+    import torch.autograd.forward_ad as fwAD
+
+    import asd.operators as operators
+
+    f = lambda x: torch.sin(x[1:]) * x[:-1]  # noqa: E731
+    x = torch.rand(50, dtype=torch.float64)
+    op = asd.prepare_jacobian(f, x, mode="forward", check=False)
+    op.values(x)
+    strategy = op.strategy
+    monkeypatch.setattr(operators, "under_transform", lambda x: False)
+    got = []
+
+    def work():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got.append((op.values(x), [str(w.message) for w in caught if "asd" in str(w.message)]))
+
+    with fwAD.dual_level():
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    (values, warned), = got
+    assert op.strategy == strategy and not warned, (op.strategy, warned)
+    torch.testing.assert_close(values, op.values(x), rtol=1e-12, atol=1e-12)
+    assert op.strategy == strategy

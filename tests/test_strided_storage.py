@@ -246,3 +246,32 @@ def test_index_put_with_a_whole_dimension(accumulate):
 
     _pattern_is_exact(f, _x())
     np.testing.assert_allclose(asd.sparse_jacobian(f, _x()).to_dense().numpy(), _central(f, _x()), atol=1e-7)
+
+
+@pytest.mark.parametrize("offset, stride", [(1, 2), (0, 3), (2, 1)])
+@pytest.mark.parametrize("write", ["copy_", "add_"])
+def test_a_write_through_a_window_of_a_fresh_constant_reaches_it(offset, stride, write):
+    """``as_strided`` of a buffer made inside ``f`` (no index sets yet) was traced as a copy, so a
+    write through the window never reached the buffer: an empty pattern and a zero Jacobian and
+    Hessian, without a word."""
+    n = 4
+
+    def f(x):
+        a = torch.zeros(offset + stride * (n - 1) + 3, dtype=x.dtype)
+        getattr(a.as_strided((n,), (stride,), offset), write)(x[:n] ** 2)
+        return a * 1 + a.roll(1)
+
+    x = _x()
+    _pattern_is_exact(f, x)
+    for mode in ("forward", "reverse"):
+        torch.testing.assert_close(asd.sparse_jacobian(f, x, mode=mode).to_dense(), torch.func.jacrev(f)(x),
+                                   rtol=1e-12, atol=1e-12)
+
+    def g(x):
+        a = torch.zeros(offset + stride * (n - 1) + 1, dtype=x.dtype)
+        getattr(a.as_strided((n,), (stride,), offset), write)(x[:n])
+        return (a[1:] * a[:-1]).sum() + (a ** 3).sum()
+
+    H = asd.sparse_hessian(g, x).to_dense()
+    torch.testing.assert_close(H, torch.func.hessian(g)(x), rtol=1e-12, atol=1e-12)
+    assert H.abs().sum() > 0

@@ -471,11 +471,18 @@ def _window_rows(x: TracedTensor, positions: np.ndarray) -> np.ndarray:
 def storage_view_rows(call: Call, base: TracedTensor) -> np.ndarray | None:
     """For ``as_strided`` (or ``as_strided_``) of ``base``: the row of ``base``'s storage sets each
     output element refers to, wherever ``base`` starts (the window may leave ``base``'s elements);
-    ``None`` for other ops, and for a window off a storage that carries no sets (a constant's)."""
+    ``None`` for other ops, and for a window off a constant's storage that reaches memory the trace
+    does not know."""
     if call.func not in _STRIDED_VIEWS:
         return None
-    if base._storage.sets.nnz == 0:  # a constant's storage: no sets to map (a copy without sets)
-        return None
+    if base._storage.sets.nnz == 0:
+        # a constant's storage: still an alias where the window lies in it (a write through the
+        # window reaches the constant: it was dropped, a silently empty pattern); a window beyond
+        # the memory the trace knows (a captured view of a larger constant) reads constants: a copy
+        storage = base._storage
+        if base.element_size() != storage.geometry[3]:
+            return None
+        return storage.rows_at(window_positions(call.bound(), base))
     return _window_rows(base, window_positions(call.bound(), base))
 
 

@@ -275,3 +275,18 @@ def test_a_write_through_a_window_of_a_fresh_constant_reaches_it(offset, stride,
     H = asd.sparse_hessian(g, x).to_dense()
     torch.testing.assert_close(H, torch.func.hessian(g)(x), rtol=1e-12, atol=1e-12)
     assert H.abs().sum() > 0
+
+
+def test_a_write_through_a_window_beyond_a_captured_view_is_refused():
+    """A window off a captured view (``big[3:]``) that reaches the larger tensor behind it is read as
+    a copy of constants; a write through it would not reach the view that ``f`` then reads (a zero
+    Jacobian where ``b[1]`` is ``x[2]``): refused with a TracingError."""
+    big = torch.zeros(12, dtype=torch.float64)
+
+    def f(x):
+        b = big[3:]
+        b.as_strided((3,), (2,), 0).copy_(x[:3])  # writes big[0], big[2], big[4]: b[1] is x[2]
+        return b * 1
+
+    with pytest.raises(asd.TracingError, match="as_strided"):
+        asd.sparse_jacobian(f, _x())

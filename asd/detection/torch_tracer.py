@@ -1397,7 +1397,10 @@ class Tracer:
             wrapped = [self._view(base, t, ids) for t, ids in zip(call.outs, ids_list)]
         if func in _COMPONENT_VIEWS and base.is_complex():
             wrapped[0]._component = True
-        elif func in _LAZY_ALIASES and isinstance(wrapped[0], TracedTensor) and wrapped[0]._storage is not base._storage:
+        elif ((func in _LAZY_ALIASES or func is aten.as_strided.default) and isinstance(wrapped[0], TracedTensor)
+              and wrapped[0]._storage is not base._storage):
+            # (as_strided: a window beyond the memory the trace knows, off a captured constant view,
+            # read as a copy of constants: a write through it would reach memory the copy does not)
             self._alias_copy(base, wrapped[0])
         elif func is aten.view_as_complex.default and isinstance(wrapped[0], TracedTensor):
             # a copy of index sets where PyTorch aliases memory: a write into the copy is written
@@ -1489,7 +1492,8 @@ def _leave_behind(storage) -> None:
 
 _LAZY_ALIASES = frozenset({aten._conj.default, aten._neg_view.default})
 _ALIAS_COPY = ("a tensor read after a write into a view of it, or into the tensor it views, cannot be traced where "
-               "asd follows the view as a copy (torch.view_as_complex, conj() of a complex tensor): take the view "
+               "asd follows the view as a copy (torch.view_as_complex, conj() of a complex tensor, an as_strided "
+               "window reaching beyond a captured view into the larger tensor behind it): take the view "
                "of a clone (torch.view_as_complex(y.clone()), z.clone().conj()), or take it after the write; a "
                "write through a view_as_complex view is followed")
 

@@ -8,9 +8,12 @@ replay uses the same rewritings when they pay off without one. The variants are
 * the recorded graph (dead intermediates reused, :func:`~asd.backends.graph_passes.reuse_buffers`),
 * the graph with the constant-only operations folded,
 * folded, with the gather pushed into the elementwise products,
+* folded, and written as one generated Numba loop nest with the gather where what is left is
+  elementwise arithmetic (:mod:`asd.backends.fused_loops`, products of at least
+  :data:`FUSED_MIN_ELEMENTS`),
 
 and a variant is a candidate only if it returns the recorded graph's bits exactly on the example
-input and on a random point near it (the same ATen operations on the same operands). Each
+input and on a random point near it (the same operations on the same operands). Each
 candidate is timed and the fastest is kept: whether fewer operations on gathered operands beat
 more operations on contiguous ones depends on the sizes and the machine. A call that records an
 autograd graph (``x`` requires grad) replays the recorded graph, whose gradients are the ones

@@ -161,6 +161,22 @@ def _runner(spec, example: list) -> Callable:
     return run
 
 
+def _exact(run: Callable, points: list, wants: list, notes: list) -> bool:
+    """Whether the variant ``run`` gives the recorded graph's bits ``wants`` at ``points``; a note
+    where it does not or raises (a loop nest's kernel is compiled at its first call: its failure
+    costs that variant only)."""
+    try:
+        with torch.no_grad():
+            got = [run(*p) for p in points]
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"{run.variant}: {type(exc).__name__}")
+        return False
+    if all(_same(a, b) for a, b in zip(got, wants)):
+        return True
+    notes.append(f"{run.variant}: not the recorded graph's bits")
+    return False
+
+
 def _fused(spec, gm: torch.fx.GraphModule, run: Callable, inputs: list, notes: list) -> Callable | None:
     """The folded graph ``gm`` (``spec``'s, as ATen calls) as one generated loop nest (:mod:`asd.backends.fused_loops`), a
     function of ``(x, seeds)`` falling back on ``run`` (the same graph by ATen) where a call's inputs
@@ -281,35 +297,22 @@ def eager_replay(gm: torch.fx.GraphModule, x: torch.Tensor, seeds: torch.Tensor,
             specs = []
             notes.append(f"not specialized: {type(exc).__name__}")
         for spec in specs:
+            name = "pushed" if spec.pushed else "folded"
             # (the runner's passes rewrite the graph in place; the loop nest is written from the ATen one)
             aten_gm = None if spec.pushed else torch.fx.GraphModule(spec.gm, copy.deepcopy(spec.gm.graph))
             try:
                 run = _runner(spec, spec.arguments([x, seeds]))
-                with torch.no_grad():
-                    got = [run(*p) for p in points]
             except Exception as exc:  # noqa: BLE001
-                notes.append(f"{'pushed' if spec.pushed else 'folded'}: {type(exc).__name__}")
+                notes.append(f"{name}: {type(exc).__name__}")
                 continue
-            if all(_same(a, b) for a, b in zip(got, wants)):
-                run.variant = "pushed" if spec.pushed else "folded"
-                variants[run.variant] = run
-            else:
-                notes.append(f"{'pushed' if spec.pushed else 'folded'}: not the recorded graph's bits")
+            run.variant = name
+            if not _exact(run, points, wants, notes):
                 continue
+            variants[name] = run
             if not spec.pushed and fuse:
                 fused = _fused(spec, aten_gm, run, [x, seeds], notes)
-                if fused is None:
-                    continue
-                try:  # (Numba compiles at this first call: its failure costs this variant only)
-                    with torch.no_grad():
-                        got = [fused(*p) for p in points]
-                except Exception as exc:  # noqa: BLE001
-                    notes.append(f"fused: {type(exc).__name__}")
-                    continue
-                if all(_same(a, b) for a, b in zip(got, wants)):
+                if fused is not None and _exact(fused, points, wants, notes):
                     variants[fused.variant] = fused
-                else:
-                    notes.append("fused: not the recorded graph's bits")
     plain = reuse_buffers(gm)
     plain.variant = "recorded"
     reads = held_tensors(gm)
